@@ -1,0 +1,45 @@
+"""notebook_accel: train PyTorch models on every device of the machine from a notebook.
+
+Public names are imported on first use so that `import notebook_accel` stays
+fast and does not import torch, ipywidgets or rich until they are needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+# torch.cuda.is_available() then asks NVML instead of initialising the CUDA
+# driver, so a kernel that checks for GPUs can still fork CUDA workers.
+os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+
+# public name -> module that defines it
+_EXPORTS = {
+    "notebook_launcher": "notebook_accel.launch.launcher",
+    "last_run": "notebook_accel.launch.launcher",
+    "WorkerError": "notebook_accel.launch.errors",
+    "LaunchSettings": "notebook_accel.config",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    from notebook_accel.config import LaunchSettings
+    from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.launcher import last_run, notebook_launcher
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
