@@ -1,0 +1,63 @@
+"""The exception a failed launch raises in the kernel."""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WorkerFailure:
+    """How one worker ended badly: an exception, a non-zero exit or a signal."""
+
+    rank: int
+    exitcode: int | None
+    traceback: str = ""
+    exception: str = ""
+
+    @property
+    def signal_name(self) -> str | None:
+        if self.exitcode is None or self.exitcode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return f"signal {-self.exitcode}"
+
+    def describe(self) -> str:
+        if self.exception:
+            how = f"raised {self.exception.splitlines()[0]}"
+        elif self.signal_name:
+            how = f"was killed by {self.signal_name}"
+        elif self.exitcode is None:
+            how = "stopped responding"
+        else:
+            how = f"exited with code {self.exitcode}"
+        return f"worker rank {self.rank} {how}"
+
+
+class WorkerError(RuntimeError):
+    """A worker raised, exited non-zero or was killed; the others were stopped.
+
+    `rank`, `exitcode` and `traceback` describe the first failure (the cause);
+    `failures` lists every worker that ended badly, the cause first.
+    """
+
+    def __init__(self, failures: list[WorkerFailure]):
+        if not failures:
+            raise ValueError("WorkerError needs at least one failure")
+        self.failures = list(failures)
+        first = self.failures[0]
+        self.rank = first.rank
+        self.exitcode = first.exitcode
+        self.traceback = first.traceback
+        lines = [first.describe() + "; the other workers were stopped."]
+        if first.traceback:
+            lines += ["", f"Traceback from rank {first.rank}:", first.traceback.rstrip()]
+        if len(self.failures) > 1:
+            others = ", ".join(f.describe() for f in self.failures[1:])
+            lines += ["", f"Also ended: {others} (most likely a consequence)."]
+        super().__init__("\n".join(lines))
+
+    def __reduce__(self):
+        return (type(self), (self.failures,))

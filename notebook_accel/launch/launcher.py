@@ -1,0 +1,236 @@
+"""notebook_launcher: check the inputs, pick the backend, run the workers, return."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebook_accel.config import LaunchSettings
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
+from notebook_accel.launch.preflight import LaunchPlan, plan_launch
+
+
+@dataclass
+class RunReport:
+    """What the latest launch did; `last_run()` returns it."""
+
+    status: str = "starting"  # starting, running, finished, failed, stopped, timed out
+    world_size: int = 0
+    backend: str = ""
+    mixed_precision: str = "no"
+    results: dict[int, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    duration: float = 0.0
+
+
+_last_run = RunReport()
+
+
+def last_run() -> RunReport:
+    """The report of the most recent `notebook_launcher` call in this process."""
+    return _last_run
+
+
+def notebook_launcher(
+    function: Callable[..., Any],
+    args: tuple | list = (),
+    num_processes: int | None = None,
+    mixed_precision: str | None = "no",
+    use_port: int | str | None = None,
+    master_addr: str = "127.0.0.1",
+    node_rank: int = 0,
+    num_nodes: int = 1,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    backend: str | None = None,
+    devices: list[int] | None = None,
+    gradient_accumulation_steps: int = 1,
+    max_restarts: int = 0,
+    timeout: float | None = None,
+    return_all: bool = False,
+    output: str = "all",
+    threads_per_process: int | None = None,
+    observers: list[RunObserver] | None = None,
+    **unknown: Any,
+) -> Any:
+    """Run `function(*args)` in one worker process per device and return its result.
+
+    Workers are forked from this process, so a function defined in a notebook
+    cell works as it is. CPU workers form a gloo process group, GPU workers an
+    nccl one (one GPU each). Every input is checked before anything starts.
+
+    Args:
+        function: the training function; it runs once in every worker.
+        args: positional arguments for `function`.
+        num_processes: how many workers. Default: every GPU, or 2 CPU workers.
+            With 1, `function` runs right here, in this process.
+        mixed_precision: "no", "fp16", "bf16" or "fp8"; `Accelerator()` in the
+            workers uses it unless told otherwise.
+        use_port: the rendezvous port. Default: a free one (29500 across nodes).
+        master_addr, node_rank, num_nodes: for a run over several machines,
+            each calling `notebook_launcher` with its own `node_rank`.
+        kwargs: keyword arguments for `function`.
+        backend: "cpu" or "cuda" to override what the hardware suggests.
+        devices: which GPUs to use, by index (default: the first `num_processes`).
+        gradient_accumulation_steps: picked up by `Accelerator()` in the workers.
+        max_restarts: how many times to restart all workers after a failure.
+        timeout: seconds for the whole run; then the workers are stopped and
+            TimeoutError is raised.
+        return_all: return every rank's value as a list ordered by rank.
+        output: "all" (other ranks' lines prefixed), "main" or "none".
+        threads_per_process: torch threads in each worker (default 1; see README).
+        observers: extra receivers of the run's events (output, metrics, exits).
+
+    Returns:
+        The main worker's return value, tensors moved to the CPU; with
+        `return_all`, a list of every worker's value on this node.
+
+    Raises:
+        WorkerError: a worker raised, exited non-zero or was killed; it names the
+            rank and carries the worker's traceback. The other workers are stopped.
+        TimeoutError: `timeout` passed.
+        KeyboardInterrupt: the run was interrupted; the workers are stopped.
+    """
+    plan = plan_launch(
+        function=function, args=args, kwargs=kwargs, num_processes=num_processes,
+        mixed_precision=mixed_precision, use_port=use_port, master_addr=master_addr,
+        node_rank=node_rank, num_nodes=num_nodes, backend=backend, devices=devices,
+        gradient_accumulation_steps=gradient_accumulation_steps, max_restarts=max_restarts,
+        timeout=timeout, return_all=return_all, output=output,
+        threads_per_process=threads_per_process, unknown=unknown,
+    )
+    observer = ObserverGroup([ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)]
+                             + list(observers or []))
+    return run_plan(plan, observer)
+
+
+def run_plan(plan: LaunchPlan, observer: RunObserver) -> Any:
+    """Run a checked launch plan; the panel and the command line call this too."""
+    global _last_run
+    report = RunReport(world_size=plan.world_size, backend=plan.backend.name,
+                       mixed_precision=plan.settings.mixed_precision, started_at=time.time())
+    _last_run = report
+    error: BaseException | None = None
+    try:
+        if plan.in_process:
+            results = _run_in_process(plan, report)
+        else:
+            results = _run_workers(plan, observer, report)
+        report.status = "finished"
+        report.results = results
+    except KeyboardInterrupt as interrupt:
+        report.status, error = "stopped", interrupt
+        raise
+    except TimeoutError as timeout:
+        report.status, error = "timed out", timeout
+        raise
+    except BaseException as failure:
+        report.status, error = "failed", failure
+        raise
+    finally:
+        report.error = error
+        report.duration = time.time() - report.started_at
+        observer.on_end(error)
+    return _returned(plan, results)
+
+
+def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
+    if plan.return_all:
+        return [results.get(rank) for rank in sorted(results)]
+    return results.get(min(results)) if results else None
+
+
+def _run_workers(plan: LaunchPlan, observer: RunObserver, report: RunReport) -> dict[int, Any]:
+    from notebook_accel.launch.workers import WorkerGroup
+
+    deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+    for attempt in range(plan.max_restarts + 1):
+        with _rendezvous_store(plan) as port:
+            group = WorkerGroup(plan.worker_spec(port, attempt), observer)
+            try:
+                observer.on_start(plan.world_size, attempt)
+                group.start()
+                report.status = "running"
+                group.wait(deadline)
+                return group.results
+            except WorkerError as failure:
+                if attempt == plan.max_restarts:
+                    raise
+                report.restarts += 1
+                observer.on_restart(attempt + 1, failure)
+            except TimeoutError:
+                raise TimeoutError(
+                    f"the run did not finish within timeout={plan.timeout} s; "
+                    "every worker was stopped"
+                ) from None
+            finally:
+                group.stop()
+    raise AssertionError("unreachable")
+
+
+def _run_in_process(plan: LaunchPlan, report: RunReport) -> dict[int, Any]:
+    """num_processes=1: call the function here, so debuggers and %debug work."""
+    import torch.distributed as dist
+
+    from notebook_accel.nested import to_cpu
+
+    was_initialized = dist.is_available() and dist.is_initialized()
+    with _rendezvous_store(plan) as port, _patched_environ(plan.environment(port, attempt=0)):
+        report.status = "running"
+        try:
+            value = plan.function(*plan.args, **plan.kwargs)
+        finally:
+            if not was_initialized and dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+    return {0: to_cpu(value)}
+
+
+@contextmanager
+def _rendezvous_store(plan: LaunchPlan):
+    """Host the TCPStore the workers meet at (node 0 only), as torchrun's agent does."""
+    if plan.node_rank != 0:
+        yield plan.port
+        return
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        store = dist.TCPStore(
+            host_name=plan.master_addr, port=plan.port or 0, is_master=True,
+            wait_for_workers=False, timeout=timedelta(seconds=plan.rendezvous_timeout),
+        )
+    except dist.DistNetworkError as error:
+        raise OSError(
+            f"port {plan.port} on this machine is busy, so the workers cannot meet there "
+            "(another run or program is using it). Leave use_port unset to pick a free "
+            "port, or choose another."
+        ) from error
+    try:
+        yield store.port
+    finally:
+        del store
+
+
+@contextmanager
+def _patched_environ(values: dict[str, str]):
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+__all__ = ["notebook_launcher", "last_run", "run_plan", "RunReport", "LaunchSettings"]

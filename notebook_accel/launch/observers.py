@@ -1,0 +1,97 @@
+"""Where a run's output and events go in the launching process.
+
+The worker group reports to an observer; the default one prints to this
+process's stdout and stderr (the running cell, in a notebook). Other views,
+such as a live progress display or the control panel, are observers too.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+OUTPUT_CHOICES = ("all", "main", "none")
+
+
+class RunObserver:
+    """Receives a run's events. Every method is optional."""
+
+    def on_start(self, world_size: int, attempt: int) -> None: ...
+
+    def on_output(self, rank: int, stream: str, line: str) -> None: ...
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None: ...
+
+    def on_worker_exit(self, rank: int, exitcode: int) -> None: ...
+
+    def on_restart(self, attempt: int, error: BaseException) -> None: ...
+
+    def on_end(self, error: BaseException | None) -> None: ...
+
+
+class ConsoleObserver(RunObserver):
+    """Writes worker output to sys.stdout/sys.stderr, other ranks prefixed."""
+
+    def __init__(self, output: str = "all", main_rank: int = 0):
+        self.output = output
+        self.main_rank = main_rank
+
+    def on_output(self, rank: int, stream: str, line: str) -> None:
+        if self.output == "none" or (self.output == "main" and rank != self.main_rank):
+            return
+        target = sys.stderr if stream == "stderr" else sys.stdout
+        prefix = "" if rank == self.main_rank else f"[rank {rank}] "
+        target.write(prefix + line)
+        target.flush()
+
+    def on_restart(self, attempt: int, error: BaseException) -> None:
+        first_line = str(error).splitlines()[0]
+        sys.stderr.write(f"notebook_accel: restarting the workers (attempt {attempt}): "
+                         f"{first_line}\n")
+        sys.stderr.flush()
+
+
+class ObserverGroup(RunObserver):
+    """Forwards every event to several observers, in order."""
+
+    def __init__(self, observers: list[RunObserver]):
+        self.observers = observers
+
+    def on_start(self, world_size: int, attempt: int) -> None:
+        for observer in self.observers:
+            observer.on_start(world_size, attempt)
+
+    def on_output(self, rank: int, stream: str, line: str) -> None:
+        for observer in self.observers:
+            observer.on_output(rank, stream, line)
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        for observer in self.observers:
+            observer.on_message(rank, kind, payload)
+
+    def on_worker_exit(self, rank: int, exitcode: int) -> None:
+        for observer in self.observers:
+            observer.on_worker_exit(rank, exitcode)
+
+    def on_restart(self, attempt: int, error: BaseException) -> None:
+        for observer in self.observers:
+            observer.on_restart(attempt, error)
+
+    def on_end(self, error: BaseException | None) -> None:
+        for observer in self.observers:
+            observer.on_end(error)
+
+
+class LineBuffer:
+    """Joins chunks of a stream into whole lines."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return [line.decode(errors="replace") + "\n" for line in lines]
+
+    def flush(self) -> list[str]:
+        rest, self._pending = self._pending, b""
+        return [rest.decode(errors="replace") + "\n"] if rest else []
