@@ -100,9 +100,7 @@ class DataLoaderConfiguration:
                 "Leave dispatch_batches unset."
             )
         if self.use_stateful_dataloader:
-            raise ValueError(
-                "use_stateful_dataloader=True is not supported yet; leave it False."
-            )
+            raise ValueError("use_stateful_dataloader=True is not supported yet; leave it False.")
 
 
 @dataclass

@@ -67,8 +67,7 @@ def detect() -> Hardware:
     details = {gpu.index: gpu for gpu in _nvml_gpus()} if count else {}
     visible = _visible_indices(count)
     gpus = tuple(
-        GpuInfo(local, *_fields(details.get(physical)))
-        for local, physical in enumerate(visible)
+        GpuInfo(local, *_fields(details.get(physical))) for local, physical in enumerate(visible)
     )
     return Hardware(
         gpus=gpus,
@@ -97,8 +96,11 @@ def _visible_indices(count: int) -> list[int]:
 
 
 class _NvmlMemory(ctypes.Structure):
-    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong),
-                ("used", ctypes.c_ulonglong)]
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
 
 
 @lru_cache(maxsize=1)
@@ -128,8 +130,9 @@ def _nvml_gpus() -> tuple[GpuInfo, ...]:
                 handle, ctypes.byref(major), ctypes.byref(minor)
             )
             capability = (major.value, minor.value) if ok == 0 else None
-            gpus.append(GpuInfo(index, name.value.decode(errors="replace"), memory.total,
-                                capability))
+            gpus.append(
+                GpuInfo(index, name.value.decode(errors="replace"), memory.total, capability)
+            )
         return tuple(gpus)
     finally:
         nvml.nvmlShutdown()

@@ -99,23 +99,41 @@ def notebook_launcher(
         KeyboardInterrupt: the run was interrupted; the workers are stopped.
     """
     plan = plan_launch(
-        function=function, args=args, kwargs=kwargs, num_processes=num_processes,
-        mixed_precision=mixed_precision, use_port=use_port, master_addr=master_addr,
-        node_rank=node_rank, num_nodes=num_nodes, backend=backend, devices=devices,
-        gradient_accumulation_steps=gradient_accumulation_steps, max_restarts=max_restarts,
-        timeout=timeout, return_all=return_all, output=output,
-        threads_per_process=threads_per_process, unknown=unknown,
+        function=function,
+        args=args,
+        kwargs=kwargs,
+        num_processes=num_processes,
+        mixed_precision=mixed_precision,
+        use_port=use_port,
+        master_addr=master_addr,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        backend=backend,
+        devices=devices,
+        gradient_accumulation_steps=gradient_accumulation_steps,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        return_all=return_all,
+        output=output,
+        threads_per_process=threads_per_process,
+        unknown=unknown,
     )
-    observer = ObserverGroup([ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)]
-                             + list(observers or []))
+    observer = ObserverGroup(
+        [ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)]
+        + list(observers or [])
+    )
     return run_plan(plan, observer)
 
 
 def run_plan(plan: LaunchPlan, observer: RunObserver) -> Any:
     """Run a checked launch plan; the panel and the command line call this too."""
     global _last_run
-    report = RunReport(world_size=plan.world_size, backend=plan.backend.name,
-                       mixed_precision=plan.settings.mixed_precision, started_at=time.time())
+    report = RunReport(
+        world_size=plan.world_size,
+        backend=plan.backend.name,
+        mixed_precision=plan.settings.mixed_precision,
+        started_at=time.time(),
+    )
     _last_run = report
     error: BaseException | None = None
     try:
@@ -204,8 +222,11 @@ def _rendezvous_store(plan: LaunchPlan):
 
     try:
         store = dist.TCPStore(
-            host_name=plan.master_addr, port=plan.port or 0, is_master=True,
-            wait_for_workers=False, timeout=timedelta(seconds=plan.rendezvous_timeout),
+            host_name=plan.master_addr,
+            port=plan.port or 0,
+            is_master=True,
+            wait_for_workers=False,
+            timeout=timedelta(seconds=plan.rendezvous_timeout),
         )
     except dist.DistNetworkError as error:
         raise OSError(

@@ -46,8 +46,9 @@ class ConsoleObserver(RunObserver):
 
     def on_restart(self, attempt: int, error: BaseException) -> None:
         first_line = str(error).splitlines()[0]
-        sys.stderr.write(f"notebook_accel: restarting the workers (attempt {attempt}): "
-                         f"{first_line}\n")
+        sys.stderr.write(
+            f"notebook_accel: restarting the workers (attempt {attempt}): {first_line}\n"
+        )
         sys.stderr.flush()
 
 

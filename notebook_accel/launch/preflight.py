@@ -35,9 +35,24 @@ _ACCELERATE_ONLY = {
 }
 
 _KNOWN_OPTIONS = [
-    "function", "args", "num_processes", "mixed_precision", "use_port", "master_addr",
-    "node_rank", "num_nodes", "kwargs", "backend", "devices", "gradient_accumulation_steps",
-    "max_restarts", "timeout", "return_all", "output", "threads_per_process", "observers",
+    "function",
+    "args",
+    "num_processes",
+    "mixed_precision",
+    "use_port",
+    "master_addr",
+    "node_rank",
+    "num_nodes",
+    "kwargs",
+    "backend",
+    "devices",
+    "gradient_accumulation_steps",
+    "max_restarts",
+    "timeout",
+    "return_all",
+    "output",
+    "threads_per_process",
+    "observers",
 ]
 
 
@@ -104,7 +119,8 @@ class LaunchPlan:
             threads_per_process=self.threads_per_process,
             return_all=self.return_all,
             worker_environment=lambda local_rank: self.backend.worker_environment(
-                local_rank, self.devices),
+                local_rank, self.devices
+            ),
         )
 
 
@@ -160,8 +176,9 @@ def plan_launch(
     problem = chosen.precision_problem(precision, hardware)
     if problem:
         raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}.")
-    accumulation = _whole_number("gradient_accumulation_steps", gradient_accumulation_steps,
-                                 minimum=1)
+    accumulation = _whole_number(
+        "gradient_accumulation_steps", gradient_accumulation_steps, minimum=1
+    )
     max_restarts = _whole_number("max_restarts", max_restarts, minimum=0)
     if max_restarts and num_nodes > 1:
         raise ValueError(
@@ -175,16 +192,29 @@ def plan_launch(
     timeout = _check_timeout(timeout)
     if output not in OUTPUT_CHOICES:
         raise ValueError(f"output={output!r} must be one of {', '.join(OUTPUT_CHOICES)}.")
-    threads = 1 if threads_per_process is None else _whole_number(
-        "threads_per_process", threads_per_process, minimum=1)
+    threads = (
+        1
+        if threads_per_process is None
+        else _whole_number("threads_per_process", threads_per_process, minimum=1)
+    )
 
     plan = LaunchPlan(
-        function=function, args=args, kwargs=kwargs, backend=chosen,
+        function=function,
+        args=args,
+        kwargs=kwargs,
+        backend=chosen,
         settings=LaunchSettings(chosen.name, precision, accumulation),
-        local_world_size=num_processes, num_nodes=num_nodes, node_rank=node_rank,
-        master_addr=master_addr.strip(), port=port, devices=devices,
-        max_restarts=max_restarts, timeout=timeout, return_all=bool(return_all),
-        output=output, threads_per_process=threads,
+        local_world_size=num_processes,
+        num_nodes=num_nodes,
+        node_rank=node_rank,
+        master_addr=master_addr.strip(),
+        port=port,
+        devices=devices,
+        max_restarts=max_restarts,
+        timeout=timeout,
+        return_all=bool(return_all),
+        output=output,
+        threads_per_process=threads,
     )
     if plan.in_process:
         if timeout is not None:
@@ -282,8 +312,9 @@ def _check_devices(devices: Any, num_processes: int | None) -> list[int] | None:
     return devices
 
 
-def _choose_backend(name: Any, devices: list[int] | None,
-                    hardware: hardware_module.Hardware) -> Backend:
+def _choose_backend(
+    name: Any, devices: list[int] | None, hardware: hardware_module.Hardware
+) -> Backend:
     if name is None:
         name = "cuda" if devices is not None else hardware.accelerator
     if name not in BACKENDS:
@@ -293,8 +324,9 @@ def _choose_backend(name: Any, devices: list[int] | None,
     return BACKENDS[name]
 
 
-def _check_devices_fit(backend: Backend, wanted: int, devices: list[int] | None,
-                       available: int) -> None:
+def _check_devices_fit(
+    backend: Backend, wanted: int, devices: list[int] | None, available: int
+) -> None:
     noun = backend.device_noun
     if devices is not None and max(devices) >= available:
         raise ValueError(
@@ -303,11 +335,11 @@ def _check_devices_fit(backend: Backend, wanted: int, devices: list[int] | None,
         )
     if wanted <= available:
         return
-    message = (f"num_processes={wanted} asks for one {noun} per worker, but this machine "
-               f"has {available}")
+    message = (
+        f"num_processes={wanted} asks for one {noun} per worker, but this machine has {available}"
+    )
     if backend.oversubscription_allowed():
-        warnings.warn(f"{message}; the workers will share them and run slower.",
-                      stacklevel=4)
+        warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=4)
         return
     raise ValueError(f"{message}. Pass num_processes={available} or fewer.")
 

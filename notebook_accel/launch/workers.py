@@ -111,8 +111,9 @@ class WorkerGroup:
         finally:
             for fd in (out_w, err_w, chan_w):
                 os.close(fd)
-        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process,
-                         out_r, err_r, chan_r)
+        worker = _Worker(
+            self.spec.global_rank(local_rank), local_rank, process, out_r, err_r, chan_r
+        )
         worker.buffers = {out_r: LineBuffer(), err_r: LineBuffer()}
         self.workers.append(worker)
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr"), (chan_r, "channel")):
@@ -214,12 +215,14 @@ class WorkerGroup:
         failures = []
         for worker in sorted(workers, key=order):
             error = worker.error or {}
-            failures.append(WorkerFailure(
-                rank=worker.rank,
-                exitcode=worker.exitcode,
-                traceback=error.get("traceback", ""),
-                exception=error.get("exception", ""),
-            ))
+            failures.append(
+                WorkerFailure(
+                    rank=worker.rank,
+                    exitcode=worker.exitcode,
+                    traceback=error.get("traceback", ""),
+                    exception=error.get("exception", ""),
+                )
+            )
         return failures
 
     # -- stopping --------------------------------------------------------------
@@ -307,12 +310,14 @@ def _worker_main(
     _redirect_output(stdout_fd, stderr_fd)
     rank = spec.global_rank(local_rank)
     os.environ.update(spec.environment)
-    os.environ.update({
-        "RANK": str(rank),
-        "LOCAL_RANK": str(local_rank),
-        "GROUP_RANK": str(spec.node_rank),
-        "NODE_RANK": str(spec.node_rank),
-    })
+    os.environ.update(
+        {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": str(spec.node_rank),
+            "NODE_RANK": str(spec.node_rank),
+        }
+    )
     os.environ.update(spec.worker_environment(local_rank))
 
     import torch
@@ -358,11 +363,14 @@ def _send_result(channel: channel_module.ChannelWriter, value: Any) -> None:
 
 
 def _send_error(channel: channel_module.ChannelWriter, error: BaseException) -> None:
-    channel.send("error", {
-        "exception": f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
-        "traceback": _user_traceback(error),
-        "time": time.time(),
-    })
+    channel.send(
+        "error",
+        {
+            "exception": f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+            "traceback": _user_traceback(error),
+            "time": time.time(),
+        },
+    )
 
 
 def _user_traceback(error: BaseException) -> str:
@@ -428,14 +436,20 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
 
 def _text_stream(fd: int) -> io.TextIOWrapper:
     raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(raw, encoding="utf-8", errors="backslashreplace",
-                            line_buffering=True, write_through=True)
+    return io.TextIOWrapper(
+        raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
+    )
 
 
 def _all_stream_handlers() -> list[logging.StreamHandler]:
     loggers = [logging.getLogger()] + [
-        logger for logger in logging.Logger.manager.loggerDict.values()
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
         if isinstance(logger, logging.Logger)
     ]
-    return [handler for logger in loggers for handler in logger.handlers
-            if isinstance(handler, logging.StreamHandler)]
+    return [
+        handler
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler)
+    ]
