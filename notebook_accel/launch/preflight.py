@@ -307,7 +307,7 @@ def _check_devices(devices: Any, num_processes: int | None) -> list[int] | None:
     if num_processes is not None and num_processes != len(devices):
         raise ValueError(
             f"num_processes={num_processes} does not match devices={devices} "
-            f"({len(devices)} GPUs); one worker runs per device, so pass one of them."
+            f"({len(devices)} GPU(s)); one worker runs per device, so pass one of them."
         )
     return devices
 

@@ -1,0 +1,28 @@
+"""Shared fixtures: every test must leave no child process behind."""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from tests_support import live_children  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    before = {child.pid for child in live_children()}
+    yield
+    # Children of a finished launch are already reaped; allow a moment for
+    # processes a test itself started and is shutting down (kernels, servers).
+    deadline = time.monotonic() + 5
+    while True:
+        leftover = [child for child in live_children() if child.pid not in before]
+        if not leftover or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"

@@ -1,0 +1,146 @@
+"""A failing worker becomes one WorkerError; the others are stopped fast; nothing leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch.distributed as dist
+
+from notebook_accel import WorkerError, last_run, notebook_launcher
+from tests_support import live_children
+
+
+def rank() -> int:
+    return int(os.environ["RANK"])
+
+
+def stamp(path):
+    with open(path, "w") as file:
+        file.write(repr(time.time()))
+
+
+def rank1_raises(stamp_path):
+    dist.init_process_group("gloo")
+    if rank() == 1:
+        stamp(stamp_path)
+        raise ValueError("bad batch shape")
+    dist.barrier()  # rank 0 waits here for a peer that will never come
+    time.sleep(600)
+
+
+def test_a_raising_rank_surfaces_with_its_traceback_and_the_rest_stop_fast(tmp_path):
+    path = tmp_path / "failed_at"
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(rank1_raises, args=(str(path),), num_processes=2)
+    returned_at = time.time()
+    error = caught.value
+    assert isinstance(error, RuntimeError)
+    assert error.rank == 1 and error.exitcode == 1
+    assert "ValueError: bad batch shape" in error.traceback
+    assert "in rank1_raises" in error.traceback
+    assert "worker rank 1 raised ValueError: bad batch shape" in str(error)
+    assert returned_at - float(path.read_text()) < 2.0
+    assert live_children() == []
+    assert last_run().status == "failed"
+
+
+def rank1_killed(stamp_path):
+    dist.init_process_group("gloo")
+    dist.barrier()
+    if rank() == 1:
+        stamp(stamp_path)
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(600)
+
+
+def test_a_killed_rank_is_named_with_its_signal(tmp_path):
+    path = tmp_path / "killed_at"
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(rank1_killed, args=(str(path),), num_processes=2)
+    assert time.time() - float(path.read_text()) < 2.0
+    error = caught.value
+    assert error.rank == 1 and error.exitcode == -signal.SIGKILL
+    assert "killed by SIGKILL" in str(error)
+    assert live_children() == []
+
+
+def rank0_exits(code):
+    if rank() == 0:
+        sys.stdout.flush()
+        os._exit(code)
+    time.sleep(600)
+
+
+def test_a_nonzero_exit_is_named_with_its_code():
+    with pytest.raises(WorkerError, match="worker rank 0 exited with code 3") as caught:
+        notebook_launcher(rank0_exits, args=(3,), num_processes=2)
+    assert caught.value.exitcode == 3 and caught.value.traceback == ""
+
+
+def sys_exit_on_rank1():
+    if rank() == 1:
+        sys.exit(4)
+    time.sleep(600)
+
+
+def test_sys_exit_with_a_code_is_a_failure():
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(sys_exit_on_rank1, num_processes=2)
+    assert caught.value.rank == 1 and caught.value.exitcode == 4
+
+
+def dies_before_rendezvous():
+    if rank() == 1:
+        raise RuntimeError("could not load data")
+    dist.init_process_group("gloo")  # alone, this would wait for rank 1 forever
+    return "unreachable"
+
+
+def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
+    started = time.monotonic()
+    with pytest.raises(WorkerError, match="could not load data"):
+        notebook_launcher(dies_before_rendezvous, num_processes=2)
+    assert time.monotonic() - started < 10
+    assert live_children() == []
+
+
+def spawns_grandchild_then_fails():
+    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    time.sleep(0.3)
+    if rank() == 1:
+        raise OSError("disk full")
+    time.sleep(600)
+
+
+def test_processes_started_by_workers_are_stopped_too():
+    with pytest.raises(WorkerError, match="disk full"):
+        notebook_launcher(spawns_grandchild_then_fails, num_processes=2)
+    assert live_children() == []
+
+
+def returns_a_generator():
+    return (i for i in range(3))
+
+
+def test_a_result_that_cannot_travel_back_is_a_clear_worker_error():
+    with pytest.raises(WorkerError, match="cannot be sent back to the notebook"):
+        notebook_launcher(returns_a_generator, num_processes=2)
+
+
+def sleeps(seconds):
+    time.sleep(seconds)
+
+
+def test_timeout_stops_the_run_and_raises_timeout_error():
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="timeout=1.0"):
+        notebook_launcher(sleeps, args=(600,), num_processes=2, timeout=1.0)
+    assert time.monotonic() - started < 4
+    assert live_children() == []
+    assert last_run().status == "timed out"
+    assert notebook_launcher(sleeps, args=(0,), num_processes=2) is None

@@ -1,0 +1,56 @@
+"""The notebook's stop button: SIGINT in the launching process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from notebook_accel import last_run, notebook_launcher
+from tests_support import live_children
+
+WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1)
+
+
+def sleeps(seconds):
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_interrupt_stops_every_worker_and_leaves_the_process_as_it_was():
+    handlers = {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS}
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    timer = threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(sleeps, args=(600,), num_processes=2)
+        interrupted_at = time.monotonic()
+    finally:
+        timer.cancel()
+    assert live_children() == []
+    assert time.monotonic() - interrupted_at < 2.0
+    assert last_run().status == "stopped"
+    assert {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS} == handlers
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask
+    # The next launch in the same process works.
+    assert notebook_launcher(sleeps, args=(0,), num_processes=2) != os.getpid()
+
+
+def test_interrupt_during_teardown_does_not_leave_workers():
+    # A second stop press while the first is being handled.
+    timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (0.8, 0.85)]
+    for timer in timers:
+        timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(sleeps, args=(600,), num_processes=2)
+            time.sleep(1)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    time.sleep(0.2)
+    assert live_children() == []

@@ -1,0 +1,171 @@
+"""Bad input is refused before anything starts, with an error that says what to do."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+import torch
+
+from notebook_accel import notebook_launcher
+from notebook_accel.launch import backends
+from notebook_accel.launch.backends import LaunchRefused
+from notebook_accel.launch.hardware import GpuInfo, Hardware
+from notebook_accel.launch.preflight import plan_launch
+from tests_support import live_children
+
+CPU_ONLY = Hardware(gpus=(), cpu_cores=2, ram_bytes=1 << 30)
+TWO_T4 = Hardware(
+    gpus=(GpuInfo(0, "Tesla T4", 16 << 30, (7, 5)), GpuInfo(1, "Tesla T4", 16 << 30, (7, 5))),
+    cpu_cores=4,
+)
+TWO_H100 = Hardware(
+    gpus=(GpuInfo(0, "H100", 80 << 30, (9, 0)), GpuInfo(1, "H100", 80 << 30, (9, 0))), cpu_cores=8
+)
+
+
+def train(lr, epochs=1):
+    raise AssertionError("must never run: the launch should have been refused")
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "message"),
+    [
+        ({"num_processes": 0}, ValueError, "num_processes=0 must be at least 1"),
+        ({"num_processes": 2.0}, TypeError, "num_processes must be a whole number"),
+        ({"num_processes": True}, TypeError, "num_processes must be a whole number"),
+        ({"args": ()}, TypeError, r"train\(lr, epochs=1\) cannot be called with args=\(\)"),
+        ({"args": (1, 2, 3)}, TypeError, "too many positional arguments"),
+        ({"args": 0.1}, TypeError, r"for a single argument write args=\(value,\)"),
+        ({"kwargs": {"lr2": 1}}, TypeError, "unexpected keyword argument 'lr2'"),
+        ({"mixed_precision": "fp64"}, ValueError, "choose one of no, fp16, bf16, fp8"),
+        ({"mixed_precision": "fp8"}, ValueError, "fp8 needs a CUDA GPU"),
+        ({"num_procs": 2}, TypeError, "unknown option 'num_procs'. Did you mean 'num_processes'"),
+        ({"rdzv_backend": "c10d"}, ValueError, "Remove rdzv_backend"),
+        ({"backend": "tpu"}, ValueError, "backend='tpu' must be one of cpu, cuda, xla"),
+        ({"gradient_accumulation_steps": 0}, ValueError, "must be at least 1"),
+        ({"node_rank": 2, "num_nodes": 2}, ValueError, "node_rank=2 must be below num_nodes=2"),
+        ({"use_port": "http"}, ValueError, "use_port='http' must be a port number"),
+        ({"use_port": 70000}, ValueError, "between 1 and 65535"),
+        ({"timeout": -1}, ValueError, "timeout=-1 must be a positive number"),
+        ({"output": "rank0"}, ValueError, "output='rank0' must be one of all, main, none"),
+        ({"num_processes": 1, "timeout": 5}, ValueError, "timeout= needs worker processes"),
+        ({"max_restarts": 1, "num_nodes": 2}, ValueError, "max_restarts works on one machine"),
+        (
+            {"devices": [0], "num_processes": None},
+            ValueError,
+            "devices=\\[0\\] names GPU 0, but this machine has 0",
+        ),
+    ],
+)
+def test_bad_input_is_refused_before_anything_starts(options, error, message):
+    call = {"args": (0.1,), "num_processes": 2, **options}
+    with pytest.raises(error, match=message):
+        notebook_launcher(train, **call)
+    assert live_children() == []
+
+
+def test_accelerate_only_options_at_their_defaults_are_accepted():
+    result = notebook_launcher(
+        lambda: "ok", num_processes=1, rdzv_backend="static", rdzv_id="none", monitor_interval=0.1
+    )
+    assert result == "ok"
+
+
+def test_a_busy_explicit_port_is_a_clear_error():
+    with socket.socket() as busy:
+        busy.bind(("0.0.0.0", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(OSError, match=f"port {port} on this machine is busy"):
+            notebook_launcher(train, args=(0.1,), num_processes=2, use_port=port)
+    assert live_children() == []
+
+
+def test_more_gpu_workers_than_gpus_is_refused():
+    with pytest.raises(ValueError, match="has 2. Pass num_processes=2 or fewer"):
+        plan_launch(function=train, args=(0.1,), num_processes=4, hardware=TWO_T4)
+
+
+def test_more_cpu_workers_than_cores_only_warns():
+    with pytest.warns(UserWarning, match="the workers will share them"):
+        plan = plan_launch(function=train, args=(0.1,), num_processes=3, hardware=CPU_ONLY)
+    assert plan.world_size == 3 and plan.backend.name == "cpu"
+
+
+def test_default_worker_counts_follow_the_hardware(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    assert plan_launch(function=train, args=(0.1,), hardware=CPU_ONLY).world_size == 2
+    gpu_plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    assert gpu_plan.backend.name == "cuda" and gpu_plan.world_size == 2
+    assert gpu_plan.backend.process_group_backend == "nccl"
+    cpu_plan = plan_launch(function=train, args=(0.1,), backend="cpu", hardware=TWO_T4)
+    assert cpu_plan.backend.name == "cpu"
+
+
+def test_precision_is_checked_against_the_gpus(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    with pytest.raises(ValueError, match="bf16 needs compute capability 8.0"):
+        plan_launch(function=train, args=(0.1,), mixed_precision="bf16", hardware=TWO_T4)
+    with pytest.raises(ValueError, match="fp8 needs compute capability 8.9"):
+        plan_launch(function=train, args=(0.1,), mixed_precision="fp8", hardware=TWO_T4)
+    plan = plan_launch(function=train, args=(0.1,), mixed_precision="bf16", hardware=TWO_H100)
+    assert plan.settings.mixed_precision == "bf16"
+
+
+def test_devices_choose_gpus_through_cuda_visible_devices(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    plan = plan_launch(function=train, args=(0.1,), devices=[1], hardware=TWO_T4)
+    assert plan.world_size == 1 and plan.backend.name == "cuda"
+    assert plan.backend.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "1"}
+    with pytest.raises(ValueError, match="does not match devices"):
+        plan_launch(function=train, args=(0.1,), devices=[0, 1], num_processes=1, hardware=TWO_T4)
+
+
+def test_cuda_initialised_in_the_kernel_is_refused_with_the_way_out(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    with pytest.raises(LaunchRefused, match="Restart the kernel and run the cells in order"):
+        plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+
+
+def test_a_cuda_driver_initialised_by_another_library_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: True)
+    with pytest.raises(LaunchRefused, match="CUDA driver is already initialised"):
+        plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+
+
+def test_driver_probe_never_loads_libcuda_itself(monkeypatch):
+    monkeypatch.setattr(backends, "_library_loaded", lambda name: False)
+    monkeypatch.setattr(backends.ctypes, "CDLL", lambda *a, **k: pytest.fail("loaded libcuda"))
+    assert backends._cuda_driver_initialised() is False
+
+
+def test_gpu_counting_goes_through_nvml_not_the_cuda_runtime(monkeypatch):
+    from notebook_accel.launch import hardware
+
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
+    monkeypatch.setattr(
+        torch._C,
+        "_cuda_getDeviceCount",
+        lambda: pytest.fail("the CUDA runtime was asked"),
+        raising=False,
+    )
+    monkeypatch.setattr(hardware, "_nvml_gpus", lambda: ())
+    assert hardware.cuda_device_count() == 2
+    assert [gpu.index for gpu in hardware.detect().gpus] == [0, 1]
+
+
+def inner_launch():
+    return notebook_launcher(lambda: 1, num_processes=2)
+
+
+def test_launching_from_inside_a_worker_is_refused():
+    from notebook_accel import WorkerError
+
+    with pytest.raises(WorkerError, match="called inside a launched worker"):
+        notebook_launcher(inner_launch, num_processes=2)

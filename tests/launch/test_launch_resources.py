@@ -1,0 +1,28 @@
+"""Many launches in one process leak no file descriptors, threads or processes."""
+
+from __future__ import annotations
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from notebook_accel import notebook_launcher
+from tests_support import live_children
+
+
+def all_reduce_once():
+    dist.init_process_group("gloo")
+    value = torch.ones(1)
+    dist.all_reduce(value)
+    return value.item()
+
+
+def test_twenty_launches_do_not_grow_fds_threads_or_children():
+    me = psutil.Process()
+    assert notebook_launcher(all_reduce_once, num_processes=2) == 2.0  # warm up imports
+    fds, threads = me.num_fds(), me.num_threads()
+    for _ in range(20):
+        assert notebook_launcher(all_reduce_once, num_processes=2) == 2.0
+    assert me.num_fds() <= fds
+    assert me.num_threads() <= threads
+    assert live_children() == []
