@@ -1,0 +1,153 @@
+"""Collectives on nested structures of tensors: gather, reduce, pad, broadcast.
+
+Every function is a no-op (or a copy) in a single process, so training code
+runs unchanged with one process or many. They read the world from
+`torch.distributed` itself, which the `Accelerator` has initialised.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from notebook_accel.nested import apply_to_tensors
+
+REDUCTIONS = ("sum", "mean", "max")
+
+
+def world_size() -> int:
+    """Number of processes in the default group (1 when there is no group)."""
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _on_comm_device(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
+    """Run `op` on a device the backend can talk through, and return to the input's device.
+
+    nccl only moves CUDA tensors; a CPU tensor (a generator state, a Python
+    number made into a tensor) makes the round trip through the current GPU.
+    """
+
+    def run(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+            return op(tensor.to(torch.device("cuda", torch.cuda.current_device()))).cpu()
+        return op(tensor)
+
+    return run
+
+
+@_on_comm_device
+def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
+    if tensor.ndim == 0:
+        tensor = tensor[None]
+    tensor = tensor.contiguous()
+    parts = [torch.empty_like(tensor) for _ in range(world_size())]
+    dist.all_gather(parts, tensor)
+    return torch.cat(parts, dim=0)
+
+
+def gather(data: Any) -> Any:
+    """Concatenate each tensor of `data` across processes along dim 0, in rank order.
+
+    Every process must pass tensors of the same shape (use `pad_across_processes`
+    first when they differ); 0-d tensors become one element per process.
+    """
+    if world_size() == 1:
+        return apply_to_tensors(lambda t: t if t.ndim else t[None], data, strict="gather")
+    return apply_to_tensors(_gather_one, data, strict="gather")
+
+
+def gather_object(obj: Any) -> list:
+    """Gather a picklable object from every process, as a list in rank order.
+
+    Lists and tuples are concatenated (so per-batch lists of strings become one
+    list); any other object becomes one list item per process.
+    """
+    n = world_size()
+    if n == 1:
+        return list(obj) if isinstance(obj, (list, tuple)) else [obj]
+    gathered: list[Any] = [None] * n
+    dist.all_gather_object(gathered, obj)
+    if all(isinstance(item, (list, tuple)) for item in gathered):
+        return [x for item in gathered for x in item]
+    return gathered
+
+
+def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+    """Sum, average or max each tensor of `data` across processes (a new tensor), times `scale`."""
+    if reduction not in REDUCTIONS:
+        raise ValueError(f"reduction={reduction!r}; choose one of {', '.join(REDUCTIONS)}.")
+    n = world_size()
+
+    @_on_comm_device
+    def reduce_one(tensor: torch.Tensor) -> torch.Tensor:
+        out = tensor.clone()
+        if n > 1:
+            dist.all_reduce(out, dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
+        if reduction == "mean":
+            out /= n
+        if scale != 1.0:
+            out *= scale
+        return out
+
+    return apply_to_tensors(reduce_one, data, strict="reduce")
+
+
+def pad_across_processes(
+    data: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+) -> Any:
+    """Pad each tensor of `data` along `dim` to the largest size any process has.
+
+    Padding is filled with `pad_index` and goes at the end (or the start with
+    `pad_first=True`), so the results can then be gathered.
+    """
+    n = world_size()
+
+    def pad_one(tensor: torch.Tensor) -> torch.Tensor:
+        if n == 1 or tensor.ndim == 0 or not -tensor.ndim <= dim < tensor.ndim:
+            return tensor
+        axis = dim % tensor.ndim
+        sizes = _gather_one(torch.tensor([tensor.shape[axis]], device=tensor.device))
+        longest = int(sizes.max())
+        if longest == tensor.shape[axis]:
+            return tensor
+        shape = list(tensor.shape)
+        shape[axis] = longest
+        # `+` rather than new_full: pad_index may be a row to repeat, not just a number.
+        out = (tensor.new_zeros(shape) + pad_index).to(tensor.dtype)
+        start = longest - tensor.shape[axis] if pad_first else 0
+        out.narrow(axis, start, tensor.shape[axis]).copy_(tensor)
+        return out
+
+    return apply_to_tensors(pad_one, data, strict="pad_across_processes")
+
+
+def broadcast(data: Any, from_process: int = 0) -> Any:
+    """Overwrite each tensor of `data` with its value on `from_process`; returns `data`."""
+    if world_size() == 1:
+        return data
+
+    def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
+        moved = _on_comm_device(lambda t: (dist.broadcast(t, src=from_process), t)[1])(tensor)
+        if moved is not tensor:
+            tensor.copy_(moved)
+        return tensor
+
+    return apply_to_tensors(broadcast_one, data, strict="broadcast")
+
+
+def broadcast_object_list(objects: list, from_process: int = 0) -> list:
+    """Replace the items of `objects` in place with those on `from_process`; returns the list."""
+    if world_size() > 1:
+        dist.broadcast_object_list(objects, src=from_process)
+    return objects
+
+
+def sync_generator(generator: torch.Generator, from_process: int = 0) -> None:
+    """Give `generator` the state it has on `from_process`, so every process draws alike."""
+    if world_size() > 1:
+        state = generator.get_state()
+        broadcast(state, from_process)
+        generator.set_state(state)

@@ -1,0 +1,100 @@
+"""Mixed precision: autocast, fp16 loss scaling, and fp8 through torchao.
+
+`Precision` is built once per Accelerator. It refuses a precision the device
+cannot do when it is built, so the error comes before any training starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Any
+
+import torch
+
+from notebook_accel.config import normalize_precision
+from notebook_accel.kwargs import AutocastKwargs, GradScalerKwargs
+from notebook_accel.nested import apply_to_tensors
+from notebook_accel.state import Backend
+
+# fp8 training keeps bf16 autocast for everything that is not a float8 matmul.
+_AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
+
+
+class Precision:
+    """One precision setting on one device: the autocast context and the grad scaler."""
+
+    def __init__(
+        self,
+        name: str | None,
+        backend: Backend,
+        device: torch.device,
+        autocast_kwargs: AutocastKwargs | None = None,
+        scaler_kwargs: GradScalerKwargs | None = None,
+    ) -> None:
+        self.name = normalize_precision(name)
+        problem = backend.precision_problem(self.name)
+        if problem:
+            raise ValueError(problem)
+        self.device_type = device.type
+        self.dtype = _AUTOCAST_DTYPES.get(self.name)
+        self.autocast_kwargs = autocast_kwargs or AutocastKwargs()
+        self.scaler: torch.amp.GradScaler | None = None
+        if self.name == "fp16":
+            kwargs = (scaler_kwargs or GradScalerKwargs()).to_kwargs()
+            self.scaler = torch.amp.GradScaler(device.type, **kwargs)
+
+    def autocast(self, handler: AutocastKwargs | None = None) -> contextlib.AbstractContextManager:
+        """Autocast to this precision's dtype; a no-op in full precision."""
+        if self.dtype is None:
+            return contextlib.nullcontext()
+        kwargs = (handler or self.autocast_kwargs).to_kwargs()
+        return torch.autocast(self.device_type, dtype=self.dtype, **kwargs)
+
+    def prepare_model(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Make `model`'s forward run in this precision and return float32 outputs.
+
+        Like Accelerate, the original forward is kept as `model._original_forward`
+        so `unwrap_model(keep_fp32_wrapper=False)` can restore it.
+        """
+        if self.name == "fp8":
+            _convert_to_float8(model)
+        if self.dtype is None or hasattr(model, "_original_forward"):
+            return model
+        original = model.forward
+
+        @functools.wraps(original)
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            with self.autocast():
+                outputs = original(*args, **kwargs)
+            return apply_to_tensors(_to_float32, outputs)
+
+        model._original_forward = original
+        model.forward = forward
+        return model
+
+
+def _to_float32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.float() if tensor.dtype in (torch.float16, torch.bfloat16) else tensor
+
+
+def restore_forward(model: torch.nn.Module) -> None:
+    """Undo `Precision.prepare_model`'s forward wrapper."""
+    original = model.__dict__.pop("_original_forward", None)
+    if original is None:
+        return
+    del model.forward
+    if getattr(original, "__func__", None) is not type(model).forward:
+        model.forward = original  # the forward was itself set on the instance
+
+
+def _convert_to_float8(model: torch.nn.Module) -> None:
+    from torchao.float8 import convert_to_float8_training
+
+    # float8 matmuls need both dimensions divisible by 16; other layers stay in bf16.
+    def fits(module: torch.nn.Module, _name: str) -> bool:
+        if isinstance(module, torch.nn.Linear):
+            return module.in_features % 16 == 0 and module.out_features % 16 == 0
+        return True
+
+    convert_to_float8_training(model, module_filter_fn=fits)
