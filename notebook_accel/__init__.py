@@ -22,14 +22,39 @@ _EXPORTS = {
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchSettings": "notebook_accel.config",
+    "Accelerator": "notebook_accel.accelerator",
+    "AutocastKwargs": "notebook_accel.kwargs",
+    "DataLoaderConfiguration": "notebook_accel.kwargs",
+    "DistributedDataParallelKwargs": "notebook_accel.kwargs",
+    "GradScalerKwargs": "notebook_accel.kwargs",
+    "InitProcessGroupKwargs": "notebook_accel.kwargs",
+    "ProjectConfiguration": "notebook_accel.kwargs",
+    "DistributedType": "notebook_accel.state",
+    "set_seed": "notebook_accel.seeding",
+    "get_logger": "notebook_accel.logging",
+    "progress_bar": "notebook_accel.progress",
+    "set_progress_hook": "notebook_accel.progress",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
+    from notebook_accel.accelerator import Accelerator
     from notebook_accel.config import LaunchSettings
+    from notebook_accel.kwargs import (
+        AutocastKwargs,
+        DataLoaderConfiguration,
+        DistributedDataParallelKwargs,
+        GradScalerKwargs,
+        InitProcessGroupKwargs,
+        ProjectConfiguration,
+    )
     from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import last_run, notebook_launcher
+    from notebook_accel.logging import get_logger
+    from notebook_accel.progress import progress_bar, set_progress_hook
+    from notebook_accel.seeding import set_seed
+    from notebook_accel.state import DistributedType
 
 
 def __getattr__(name: str) -> Any:

@@ -1,0 +1,578 @@
+"""The `Accelerator`: one object a training function talks to, with Accelerate's API.
+
+It is a thin facade. Who this process is lives in `state`, mixed precision in
+`precision`, sharding in `data`, step bookkeeping in `training`, collectives
+in `ops`; the methods here only connect them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import gc
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader
+
+from notebook_accel import ops
+from notebook_accel.config import LaunchSettings
+from notebook_accel.data import DataLoaderShard, prepare_data_loader
+from notebook_accel.kwargs import (
+    AutocastKwargs,
+    DataLoaderConfiguration,
+    DistributedDataParallelKwargs,
+    GradScalerKwargs,
+    InitProcessGroupKwargs,
+    KwargsHandler,
+    ProjectConfiguration,
+)
+from notebook_accel.nested import apply_to_tensors
+from notebook_accel.precision import Precision, restore_forward
+from notebook_accel.state import DistributedType, ProcessState
+from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler, GradientState
+
+
+class Accelerator:
+    """Runs a training loop on one process or many with the same code.
+
+    Created inside a worker started by `notebook_launcher` (or `torchrun`) it
+    joins the other processes; the launch's `mixed_precision` and
+    `gradient_accumulation_steps` apply unless given here. Created anywhere
+    else it is a single-process accelerator.
+
+    Args:
+        mixed_precision: "no", "fp16", "bf16" or "fp8" (None: the launch's, else "no").
+        gradient_accumulation_steps: optimizer steps happen every this many
+            `accumulate()` blocks (None: the launch's, else 1).
+        cpu: train on the CPU even when a GPU is present.
+        dataloader_config: how DataLoaders are sharded.
+        kwargs_handlers: AutocastKwargs, GradScalerKwargs,
+            DistributedDataParallelKwargs and InitProcessGroupKwargs objects.
+        step_scheduler_with_optimizer: schedulers advance only with real optimizer steps.
+        project_dir / project_config: where the project's files go.
+        device_placement: move models and batches to the device.
+    """
+
+    def __init__(
+        self,
+        device_placement: bool = True,
+        split_batches: bool | None = None,
+        mixed_precision: str | None = None,
+        gradient_accumulation_steps: int | None = None,
+        cpu: bool = False,
+        dataloader_config: DataLoaderConfiguration | None = None,
+        kwargs_handlers: list[KwargsHandler] | None = None,
+        step_scheduler_with_optimizer: bool = True,
+        project_dir: str | os.PathLike | None = None,
+        project_config: ProjectConfiguration | None = None,
+        rng_types: list[str] | None = None,
+    ) -> None:
+        launch = LaunchSettings.from_env()
+        handlers = _sort_handlers(kwargs_handlers or [])
+        self.state = ProcessState.create(cpu, launch, handlers.get(InitProcessGroupKwargs))
+        if mixed_precision is None:
+            mixed_precision = launch.mixed_precision if launch else "no"
+        if gradient_accumulation_steps is None:
+            gradient_accumulation_steps = launch.gradient_accumulation_steps if launch else 1
+        if int(gradient_accumulation_steps) < 1:
+            raise ValueError(
+                f"gradient_accumulation_steps={gradient_accumulation_steps}; it must be 1 or more."
+            )
+        self.precision = Precision(
+            mixed_precision,
+            self.state.backend,
+            self.state.device,
+            handlers.get(AutocastKwargs),
+            handlers.get(GradScalerKwargs),
+        )
+        self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
+        self.dataloader_config = dataloader_config or DataLoaderConfiguration()
+        if split_batches is not None:  # the older spelling, still accepted by Accelerate
+            self.dataloader_config.split_batches = split_batches
+        self.gradient_state = GradientState(num_steps=int(gradient_accumulation_steps))
+        self.device_placement = device_placement
+        self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
+        self.project_configuration = project_config or ProjectConfiguration(
+            project_dir=None if project_dir is None else os.fspath(project_dir)
+        )
+        self.rng_types = rng_types
+        self.step = 0
+        self.flag_tensor: torch.Tensor | None = None
+        self._models: list[torch.nn.Module] = []
+        self._optimizers: list[AcceleratedOptimizer] = []
+        self._schedulers: list[AcceleratedScheduler] = []
+        self._dataloaders: list[DataLoaderShard] = []
+
+    # -- who and where ------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        return self.state.device
+
+    @property
+    def num_processes(self) -> int:
+        return self.state.num_processes
+
+    @property
+    def process_index(self) -> int:
+        return self.state.process_index
+
+    @property
+    def local_process_index(self) -> int:
+        return self.state.local_process_index
+
+    @property
+    def is_main_process(self) -> bool:
+        return self.state.is_main_process
+
+    @property
+    def is_local_main_process(self) -> bool:
+        return self.state.is_local_main_process
+
+    @property
+    def is_last_process(self) -> bool:
+        return self.state.is_last_process
+
+    @property
+    def distributed_type(self) -> DistributedType:
+        return self.state.distributed_type
+
+    @property
+    def use_distributed(self) -> bool:
+        return self.state.use_distributed
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.precision.name
+
+    @property
+    def scaler(self) -> torch.amp.GradScaler | None:
+        return self.precision.scaler
+
+    @property
+    def split_batches(self) -> bool:
+        return self.dataloader_config.split_batches
+
+    @property
+    def even_batches(self) -> bool:
+        return self.dataloader_config.even_batches
+
+    @even_batches.setter
+    def even_batches(self, value: bool) -> None:
+        self.dataloader_config.even_batches = value
+
+    @property
+    def use_seedable_sampler(self) -> bool:
+        return self.dataloader_config.use_seedable_sampler
+
+    @property
+    def project_dir(self) -> str | None:
+        return self.project_configuration.project_dir
+
+    @property
+    def logging_dir(self) -> str | None:
+        return self.project_configuration.logging_dir
+
+    @property
+    def sync_gradients(self) -> bool:
+        return self.gradient_state.sync_gradients
+
+    @sync_gradients.setter
+    def sync_gradients(self, value: bool) -> None:
+        self.gradient_state.sync_gradients = value
+
+    @property
+    def gradient_accumulation_steps(self) -> int:
+        return self.gradient_state.num_steps
+
+    @gradient_accumulation_steps.setter
+    def gradient_accumulation_steps(self, value: int) -> None:
+        self.gradient_state.num_steps = value
+
+    @property
+    def optimizer_step_was_skipped(self) -> bool:
+        """Whether the last optimizer step was skipped (fp16 overflow)."""
+        return any(opt.step_was_skipped for opt in self._optimizers)
+
+    # -- prepare -------------------------------------------------------------------
+
+    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+        """Ready models, optimizers, schedulers and DataLoaders for this run.
+
+        Returns them in the order given (a single object when one is given).
+        Schedulers are prepared last, so they see the wrapped optimizers.
+        """
+        placement = device_placement or [self.device_placement] * len(args)
+        if len(placement) != len(args):
+            raise ValueError("device_placement needs one entry per object passed to prepare().")
+        result = list(args)
+        for i, obj in enumerate(args):
+            if not _is_scheduler(obj):
+                result[i] = self._prepare_one(obj, placement[i])
+        for i, obj in enumerate(args):
+            if _is_scheduler(obj):
+                result[i] = self.prepare_scheduler(obj)
+        return result[0] if len(result) == 1 else tuple(result)
+
+    def _prepare_one(self, obj: Any, device_placement: bool) -> Any:
+        if isinstance(obj, torch.nn.Module):
+            return self.prepare_model(obj, device_placement=device_placement)
+        if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
+            return self.prepare_optimizer(obj)
+        if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
+            return self.prepare_data_loader(obj, device_placement=device_placement)
+        return obj
+
+    def prepare_model(
+        self,
+        model: torch.nn.Module,
+        device_placement: bool | None = None,
+        evaluation_mode: bool = False,
+    ) -> torch.nn.Module:
+        """Move `model` to the device, apply mixed precision, wrap it in DDP when distributed."""
+        self._models.append(model)
+        if device_placement if device_placement is not None else self.device_placement:
+            model = model.to(self.device)
+        model = self.precision.prepare_model(model)
+        trainable = any(p.requires_grad for p in model.parameters())
+        if self.use_distributed and trainable and not evaluation_mode:
+            kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {}
+            if self.device.type == "cuda":
+                kwargs["device_ids"] = [self.device.index]
+                kwargs["output_device"] = self.device.index
+            model = DistributedDataParallel(model, **kwargs)
+            self._models[-1] = model
+        return model
+
+    def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
+        """Wrap `optimizer` so it skips accumulation steps and fp16 overflow steps."""
+        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        self._optimizers.append(wrapped)
+        return wrapped
+
+    def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
+        """Wrap `scheduler` so it advances only when its optimizer really stepped."""
+        owner = getattr(scheduler, "optimizer", None)
+        optimizers = [o for o in self._optimizers if o.optimizer is owner or o is owner]
+        wrapped = AcceleratedScheduler(
+            scheduler,
+            optimizers or list(self._optimizers),
+            self.gradient_state,
+            num_processes=self.num_processes,
+            step_with_optimizer=self.step_scheduler_with_optimizer,
+            split_batches=self.split_batches,
+        )
+        self._schedulers.append(wrapped)
+        return wrapped
+
+    def prepare_data_loader(
+        self, data_loader: DataLoader, device_placement: bool | None = None
+    ) -> DataLoaderShard:
+        """Shard `data_loader` for this process (see `DataLoaderConfiguration`)."""
+        place = self.device_placement if device_placement is None else device_placement
+        config = self.dataloader_config
+        prepared = prepare_data_loader(
+            data_loader,
+            num_processes=self.num_processes,
+            process_index=self.process_index,
+            device=self.device if place else None,
+            gradient_state=self.gradient_state,
+            split_batches=config.split_batches,
+            even_batches=config.even_batches,
+            use_seedable_sampler=config.use_seedable_sampler,
+            data_seed=config.data_seed,
+            non_blocking=config.non_blocking,
+        )
+        self._dataloaders.append(prepared)
+        return prepared
+
+    def unwrap_model(
+        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
+    ) -> torch.nn.Module:
+        """The user's model inside the DDP wrapper (and without the precision wrapper if asked)."""
+        while isinstance(model, DistributedDataParallel):
+            model = model.module
+        if not keep_fp32_wrapper:
+            restore_forward(model)
+        return model
+
+    # -- the training step -----------------------------------------------------------
+
+    def backward(self, loss: torch.Tensor, **kwargs: Any) -> None:
+        """`loss.backward()`, divided by the accumulation steps and scaled under fp16."""
+        if self.gradient_accumulation_steps > 1:
+            loss = loss / self.gradient_accumulation_steps
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward(**kwargs)
+
+    @contextlib.contextmanager
+    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+        """One micro-step of gradient accumulation.
+
+        Sets `sync_gradients` (True every `gradient_accumulation_steps` calls and
+        on the last batch of a prepared DataLoader); on the other steps the
+        optimizers do nothing and `models` skip the gradient all-reduce.
+        """
+        if self.gradient_state.end_of_dataloader:
+            self.step = 0
+            self.gradient_state.sync_gradients = True
+        else:
+            self.step += 1
+            self.gradient_state.sync_gradients = self.step % self.gradient_accumulation_steps == 0
+        with contextlib.ExitStack() as stack:
+            if not self.sync_gradients:
+                for model in models:
+                    stack.enter_context(self.no_sync(model))
+            yield
+
+    @contextlib.contextmanager
+    def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
+        """Skip DDP's gradient all-reduce inside the block (a no-op in one process)."""
+        with (
+            model.no_sync()
+            if isinstance(model, DistributedDataParallel)
+            else contextlib.nullcontext()
+        ):
+            yield
+
+    @contextlib.contextmanager
+    def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
+        """Run the block in the configured mixed precision (no-op in full precision)."""
+        with self.precision.autocast(autocast_handler):
+            yield
+
+    def unscale_gradients(self, optimizer: Any = None) -> None:
+        """Divide fp16-scaled gradients by the loss scale (no-op otherwise).
+
+        Only on steps that will update: unscaling an accumulation step would mix
+        unscaled and scaled gradients.
+        """
+        if self.scaler is None or not self.sync_gradients:
+            return
+        targets = self._optimizers if optimizer is None else optimizer
+        for opt in targets if isinstance(targets, (list, tuple)) else [targets]:
+            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
+            self.scaler.unscale_(inner)
+
+    def clip_grad_norm_(
+        self, parameters: Any, max_norm: float, norm_type: float = 2
+    ) -> torch.Tensor:
+        """`torch.nn.utils.clip_grad_norm_` on true (unscaled) gradients; returns the total norm."""
+        self.unscale_gradients()
+        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+
+    def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
+        """`torch.nn.utils.clip_grad_value_` on true (unscaled) gradients."""
+        self.unscale_gradients()
+        torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+
+    # -- collectives -------------------------------------------------------------------
+
+    def gather(self, tensor: Any) -> Any:
+        """Concatenate tensors (nested) from all processes along dim 0."""
+        return ops.gather(tensor)
+
+    def gather_for_metrics(self, input_data: Any, use_gather_object: bool = False) -> Any:
+        """Gather for evaluation: exactly one result per dataset sample.
+
+        On the last batch of a prepared DataLoader, the samples that
+        `even_batches` repeated to fill the last batches are dropped. Data that
+        is not made of tensors is gathered as objects.
+        """
+        if not use_gather_object:
+            try:
+                apply_to_tensors(lambda t: t, input_data, strict="gather")
+            except TypeError:
+                use_gather_object = True
+        data = ops.gather_object(input_data) if use_gather_object else ops.gather(input_data)
+        remainder = self.gradient_state.remainder
+        if not self.gradient_state.end_of_dataloader or remainder <= 0:
+            return data
+        if use_gather_object:
+            return data[:remainder]
+        return apply_to_tensors(lambda t: t[:remainder], data)
+
+    def gather_object(self, obj: Any) -> list:
+        """Gather picklable objects from all processes into one list (lists are concatenated)."""
+        return ops.gather_object(obj)
+
+    def reduce(self, tensor: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
+        """Sum (or "mean", "max") tensors (nested) across processes."""
+        return ops.reduce(tensor, reduction, scale)
+
+    def pad_across_processes(
+        self, tensor: Any, dim: int = 0, pad_index: Any = 0, pad_first: bool = False
+    ) -> Any:
+        """Pad tensors (nested) along `dim` to the largest size on any process."""
+        return ops.pad_across_processes(tensor, dim, pad_index, pad_first)
+
+    def broadcast(self, tensor: Any, from_process: int = 0) -> Any:
+        """Give every process `from_process`'s values of the tensors (nested), in place."""
+        return ops.broadcast(tensor, from_process)
+
+    def set_trigger(self) -> None:
+        """Raise a flag on this process; `check_trigger` sees it on every process."""
+        self.flag_tensor = torch.tensor(1, device=self.device)
+
+    def check_trigger(self) -> bool:
+        """Whether any process called `set_trigger` (resets the flag). A collective."""
+        if self.flag_tensor is None:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+        if int(self.reduce(self.flag_tensor).item()) >= 1:
+            self.flag_tensor = torch.tensor(0, device=self.device)
+            return True
+        return False
+
+    # -- coordination -----------------------------------------------------------------
+
+    def wait_for_everyone(self) -> None:
+        """Block until every process reaches this line."""
+        if self.use_distributed:
+            self.state.backend.barrier()
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """`print` on the local main process only."""
+        if self.is_local_main_process:
+            print(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def main_process_first(self) -> Iterator[None]:
+        """The main process runs the block first (say, to download), then the others."""
+        with self._first(self.is_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def local_main_process_first(self) -> Iterator[None]:
+        """The main process of each machine runs the block first, then the others."""
+        with self._first(self.is_local_main_process):
+            yield
+
+    @contextlib.contextmanager
+    def _first(self, leader: bool) -> Iterator[None]:
+        if not leader:
+            self.wait_for_everyone()
+        yield
+        if leader:
+            self.wait_for_everyone()
+
+    def on_main_process(self, function: Callable) -> Callable:
+        """Decorator: run `function` on the main process only (None elsewhere)."""
+        return self._only_if(function, lambda: self.is_main_process)
+
+    def on_local_main_process(self, function: Callable) -> Callable:
+        """Decorator: run `function` on each machine's main process only."""
+        return self._only_if(function, lambda: self.is_local_main_process)
+
+    def on_last_process(self, function: Callable) -> Callable:
+        """Decorator: run `function` on the last process only."""
+        return self._only_if(function, lambda: self.is_last_process)
+
+    def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Any:
+        """Decorator: run `function` on process `process_index` only."""
+        if function is None:
+            return functools.partial(self.on_process, process_index=process_index)
+        if process_index is None:
+            raise ValueError("on_process needs process_index=...")
+        return self._only_if(function, lambda: self.process_index == process_index)
+
+    @staticmethod
+    def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:
+        @functools.wraps(function)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            return function(*args, **kwargs) if condition() else None
+
+        return wrapper
+
+    @contextlib.contextmanager
+    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+        """Give each process its contiguous share of a list, tuple, tensor or dict of them.
+
+        The first `len % num_processes` processes get one item more. With
+        `apply_padding=True` the shorter shares repeat the last item so all
+        shares have equal length (handy before `gather`).
+        """
+        yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+
+    # -- housekeeping -----------------------------------------------------------------
+
+    def free_memory(self, *objects: Any) -> list:
+        """Forget what was prepared and free cached device memory; returns Nones for `objects`."""
+        self._models.clear()
+        self._optimizers.clear()
+        self._schedulers.clear()
+        self._dataloaders.clear()
+        self.step = 0
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        return [None] * len(objects)
+
+    clear = free_memory
+
+    def __repr__(self) -> str:
+        return (
+            f"Accelerator(process {self.process_index} of {self.num_processes}, "
+            f"device={self.device}, "
+            f"mixed_precision={self.mixed_precision!r}, "
+            f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
+        )
+
+
+def _is_scheduler(obj: Any) -> bool:
+    return isinstance(obj, torch.optim.lr_scheduler.LRScheduler) or (
+        hasattr(obj, "step") and isinstance(getattr(obj, "optimizer", None), torch.optim.Optimizer)
+    )
+
+
+def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
+    known = (
+        AutocastKwargs,
+        GradScalerKwargs,
+        DistributedDataParallelKwargs,
+        InitProcessGroupKwargs,
+    )
+    found: dict[type, Any] = {}
+    for handler in handlers:
+        kind = next((k for k in known if isinstance(handler, k)), None)
+        if kind is None:
+            raise TypeError(
+                f"kwargs_handlers got a {type(handler).__name__}; it takes "
+                + ", ".join(k.__name__ for k in known)
+                + "."
+            )
+        if kind in found:
+            raise ValueError(f"kwargs_handlers has more than one {kind.__name__}; pass one.")
+        found[kind] = handler
+    return found
+
+
+def _split(inputs: Any, rank: int, world: int, pad: bool) -> Any:
+    if isinstance(inputs, dict):
+        lengths = {len(value) for value in inputs.values()}
+        if len(lengths) > 1:
+            raise ValueError(
+                "split_between_processes needs every value of the dict to have the same length."
+            )
+        return type(inputs)({key: _split(value, rank, world, pad) for key, value in inputs.items()})
+    if not isinstance(inputs, (list, tuple, torch.Tensor)):
+        raise TypeError(
+            f"split_between_processes splits lists, tuples, tensors and dicts of them, not "
+            f"{type(inputs).__name__}."
+        )
+    if world == 1:
+        return inputs
+    share, extra = divmod(len(inputs), world)
+    start = rank * share + min(rank, extra)
+    part = inputs[start : start + share + (rank < extra)]
+    longest = share + (extra > 0)
+    if not pad or len(part) == longest:
+        return part
+    if isinstance(part, torch.Tensor):
+        filler = inputs[-1:].expand(longest - len(part), *inputs.shape[1:])
+        return torch.cat([part, filler])
+    return part + type(part)([inputs[-1]] * (longest - len(part)))

@@ -1,0 +1,82 @@
+"""A progress bar for training loops, shown once (on the main process).
+
+Rendering is pluggable: the launcher can set `progress_hook` in a worker to
+receive `(step, total, elapsed_seconds)` updates and draw them in the kernel;
+without a hook the bar is drawn with rich, which also renders in notebooks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+ProgressHook = Callable[[int, "int | None", float], None]
+
+# Set by whoever wants the updates instead of a rich bar (the launcher, in a worker).
+progress_hook: ProgressHook | None = None
+
+
+def set_progress_hook(hook: ProgressHook | None) -> ProgressHook | None:
+    """Send progress updates to `hook` (None: back to rich). Returns the previous hook."""
+    global progress_hook
+    previous, progress_hook = progress_hook, hook
+    return previous
+
+
+def _is_main_process() -> bool:
+    import sys
+
+    if "torch.distributed" in sys.modules:
+        dist = sys.modules["torch.distributed"]
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank() == 0
+    return os.environ.get("RANK", "0") == "0"
+
+
+def progress_bar(
+    iterable: Iterable[T],
+    total: int | None = None,
+    description: str = "",
+    main_process_only: bool = True,
+    disable: bool = False,
+) -> Iterator[T]:
+    """Yield from `iterable`, showing progress on the main process.
+
+    `total` defaults to `len(iterable)` when it has one. Other processes (or
+    `disable=True`) just iterate.
+    """
+    if total is None:
+        try:
+            total = len(iterable)  # type: ignore[arg-type]
+        except TypeError:
+            total = None
+    if disable or (main_process_only and not _is_main_process()):
+        yield from iterable
+        return
+    hook = progress_hook
+    if hook is not None:
+        yield from _with_hook(iterable, total, hook)
+    else:
+        yield from _with_rich(iterable, total, description)
+
+
+def _with_hook(iterable: Iterable[T], total: int | None, hook: ProgressHook) -> Iterator[T]:
+    start = time.perf_counter()
+    hook(0, total, 0.0)
+    for step, item in enumerate(iterable, start=1):
+        yield item
+        hook(step, total, time.perf_counter() - start)
+
+
+def _with_rich(iterable: Iterable[T], total: int | None, description: str) -> Iterator[T]:
+    from rich.progress import Progress
+
+    with Progress(transient=False) as progress:
+        task: Any = progress.add_task(description or "steps", total=total)
+        for item in iterable:
+            yield item
+            progress.advance(task)
