@@ -1,0 +1,132 @@
+"""Launch overhead of 2 CPU workers: notebook_launcher against the references.
+
+For each launcher, the same trivial function (record the time it starts, join
+a gloo process group, one barrier) runs in 2 forked workers. Two figures, the
+median of several runs measured in this same process:
+  to-inside  from the call until every worker is inside the function
+  whole      the whole call, until it returns
+References: raw torch.multiprocessing.start_processes(fork) with gloo init,
+and Accelerate's notebook_launcher (with Accelerator(cpu=True)) when installed.
+
+    python bench/launch.py [--repeats 7]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import socket
+import statistics
+import time
+import warnings
+
+import torch
+import torch.distributed as dist
+from torch.multiprocessing import start_processes
+
+from notebook_accel import notebook_launcher
+
+WORKERS = 2
+# Times at which each worker entered the function, shared with forked children.
+ENTERED = multiprocessing.Array("d", WORKERS, lock=False)
+
+
+def mark_entry(rank: int) -> None:
+    ENTERED[rank] = time.time()
+
+
+def ours_fn():
+    mark_entry(int(os.environ["RANK"]))
+    dist.init_process_group("gloo")
+    dist.barrier()
+
+
+def raw_fn(rank: int):
+    mark_entry(rank)
+    dist.init_process_group("gloo", rank=rank, world_size=WORKERS)
+    dist.barrier()
+
+
+def accelerate_fn():
+    from accelerate import Accelerator
+
+    mark_entry(int(os.environ["RANK"]))
+    Accelerator(cpu=True).wait_for_everyone()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def run_ours() -> None:
+    notebook_launcher(ours_fn, num_processes=WORKERS)
+
+
+def run_raw() -> None:
+    os.environ.update(
+        {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(WORKERS)}
+    )
+    start_processes(raw_fn, nprocs=WORKERS, start_method="fork")
+
+
+def run_accelerate() -> None:
+    from accelerate import notebook_launcher as accelerate_launcher
+
+    accelerate_launcher(accelerate_fn, num_processes=WORKERS, use_port=str(free_port()))
+
+
+def measure(run, repeats: int) -> tuple[float, float]:
+    run()  # warm up imports and caches
+    inside, whole = [], []
+    for _ in range(repeats):
+        for rank in range(WORKERS):
+            ENTERED[rank] = 0.0
+        started = time.time()
+        run()
+        whole.append(time.time() - started)
+        assert all(ENTERED), "a worker never entered the function"
+        inside.append(max(ENTERED) - started)
+    return statistics.median(inside), statistics.median(whole)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=7)
+    repeats = parser.parse_args().repeats
+    warnings.simplefilter("ignore")
+    torch.set_num_threads(1)
+    rows = {"raw fork + gloo": measure(run_raw, repeats)}
+    rows["notebook_accel"] = measure(run_ours, repeats)
+    try:
+        import accelerate  # noqa: F401
+    except ImportError:
+        print("(Accelerate is not installed: its column is left out)")
+    else:
+        rows["accelerate"] = measure(run_accelerate, repeats)
+    raw_inside, raw_whole = rows["raw fork + gloo"]
+    ours_inside, ours_whole = rows["notebook_accel"]
+    print(f"\n{WORKERS} CPU workers, median of {repeats} runs\n")
+    print("| launcher | to inside (ms) | whole call (ms) | whole vs raw | ours faster by |")
+    print("|---|---|---|---|---|")
+    for name, (inside, whole) in rows.items():
+        faster = f"{whole / ours_whole:.2f}x" if name != "notebook_accel" else "-"
+        print(
+            f"| {name} | {inside * 1e3:.1f} | {whole * 1e3:.1f} | "
+            f"{whole / raw_whole:.2f}x | {faster} |"
+        )
+    print(
+        f"\nnotebook_accel / raw: to inside {ours_inside / raw_inside:.2f}x, "
+        f"whole {ours_whole / raw_whole:.2f}x (goal: within 1.3x)"
+    )
+    if "accelerate" in rows:
+        print(
+            f"accelerate / notebook_accel whole call: {rows['accelerate'][1] / ours_whole:.2f}x "
+            "(goal: at least 2x)"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""The launcher inside a real Jupyter kernel: results, cell output, errors, interrupts."""
+
+from __future__ import annotations
+
+import time
+
+import nbformat
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+from nbclient import NotebookClient
+
+CELLS = [
+    """
+import os, torch, torch.distributed as dist
+from notebook_accel import notebook_launcher, WorkerError
+torch.set_num_threads(2)
+_ = torch.randn(800, 800) @ torch.randn(800, 800)  # the kernel's OpenMP pool is now busy
+""",
+    """
+def train(scale):
+    dist.init_process_group("gloo")
+    value = torch.tensor([float(dist.get_rank() + 1)]) * scale
+    dist.all_reduce(value)
+    _ = torch.randn(300, 300) @ torch.randn(300, 300)
+    print(f"rank {dist.get_rank()} reduced {value.item()}")
+    return value
+
+result = notebook_launcher(train, args=(2.0,), num_processes=2, timeout=60)
+assert result.item() == 6.0, result
+print("RESULT", result.item())
+""",
+    """
+def fails():
+    if int(os.environ["RANK"]) == 1:
+        raise ZeroDivisionError("rank one divided by zero")
+    dist.init_process_group("gloo")
+    dist.barrier()
+
+try:
+    notebook_launcher(fails, num_processes=2)
+except WorkerError as error:
+    print("CAUGHT", error.rank, type(error).__mro__[1].__name__)
+    print(error.traceback)
+""",
+]
+
+
+def cell_text(cell) -> str:
+    return "".join(output.get("text", "") for output in cell.outputs)
+
+
+def test_notebook_launch_returns_results_shows_output_and_reports_errors(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CELLS]
+    NotebookClient(
+        notebook, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    launch, failure = notebook.cells[1], notebook.cells[2]
+    text = cell_text(launch)
+    assert "RESULT 6.0" in text
+    assert "rank 0 reduced 6.0\n" in text
+    assert "[rank 1] rank 1 reduced 6.0\n" in text
+    failure_text = cell_text(failure)
+    assert "CAUGHT 1 RuntimeError" in failure_text
+    assert "ZeroDivisionError: rank one divided by zero" in failure_text
+
+
+@pytest.fixture
+def kernel():
+    manager, client = start_new_kernel(kernel_name="python3")
+    try:
+        yield manager, client
+    finally:
+        client.stop_channels()
+        manager.shutdown_kernel(now=True)
+
+
+def run(client, code: str, timeout: float = 60) -> dict:
+    """Execute code; return the reply content and the text the cell printed."""
+    msg_id = client.execute(code)
+    text = []
+    deadline = time.monotonic() + timeout
+    while True:
+        message = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "stream":
+            text.append(message["content"]["text"])
+        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
+            break
+    reply = client.get_shell_msg(timeout=timeout)
+    return {"reply": reply["content"], "text": "".join(text)}
+
+
+def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):
+    manager, client = kernel
+    kernel_process = psutil.Process(manager.provisioner.process.pid)
+    setup = run(
+        client,
+        "import signal, time\n"
+        "from notebook_accel import notebook_launcher\n"
+        "before = signal.getsignal(signal.SIGINT)\n"
+        "def sleepy(s):\n    time.sleep(s)\n    return 'woke'\n",
+    )
+    assert setup["reply"]["status"] == "ok"
+    msg_id = client.execute("notebook_launcher(sleepy, args=(600,), num_processes=2)")
+    deadline = time.monotonic() + 30
+    while len(kernel_process.children()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(kernel_process.children()) == 2
+    time.sleep(0.5)
+    manager.interrupt_kernel()
+    interrupted_at = time.monotonic()
+    reply = client.get_shell_msg(timeout=30)
+    assert reply["parent_header"]["msg_id"] == msg_id
+    assert reply["content"]["status"] == "error"
+    assert reply["content"]["ename"] == "KeyboardInterrupt"
+    assert time.monotonic() - interrupted_at < 2.5
+    assert [
+        p for p in kernel_process.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
+    ] == []
+    after = run(
+        client,
+        "print(signal.getsignal(signal.SIGINT) is before)\n"
+        "print(notebook_launcher(sleepy, args=(0,), num_processes=2))",
+    )
+    assert after["reply"]["status"] == "ok", after
+    assert after["text"].split() == ["True", "woke"]
