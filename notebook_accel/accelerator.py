@@ -356,8 +356,11 @@ class Accelerator:
             return
         targets = self._optimizers if optimizer is None else optimizer
         for opt in targets if isinstance(targets, (list, tuple)) else [targets]:
-            inner = opt.optimizer if isinstance(opt, AcceleratedOptimizer) else opt
-            self.scaler.unscale_(inner)
+            if not isinstance(opt, AcceleratedOptimizer):
+                self.scaler.unscale_(opt)
+            elif not opt.gradients_unscaled:  # clipping twice in a step must not unscale twice
+                self.scaler.unscale_(opt.optimizer)
+                opt.gradients_unscaled = True
 
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2

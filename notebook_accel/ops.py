@@ -31,7 +31,7 @@ def _on_comm_device(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     """
 
     def run(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == "cpu" and dist.get_backend() == "nccl":
+        if tensor.device.type == "cpu" and world_size() > 1 and dist.get_backend() == "nccl":
             return op(tensor.to(torch.device("cuda", torch.cuda.current_device()))).cpu()
         return op(tensor)
 

@@ -56,6 +56,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = gradient_state
         self.scaler = scaler
         self.step_was_skipped = False
+        self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
 
     @property
     def state(self) -> Any:
@@ -128,6 +129,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             else:
                 del inner.step
         self.step_was_skipped = not stepped
+        self.gradients_unscaled = False
         return result
 
     def __getstate__(self) -> dict:
