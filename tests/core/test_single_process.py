@@ -121,7 +121,7 @@ def test_accumulation_equals_one_big_batch_and_steps_the_scheduler_per_update():
     # The schedule must not move: it is checked against lr 0.1 for both steps.
     sched.scheduler.gamma = 1.0
     _train(acc, model, opt, loader, sched)
-    for mine, theirs in zip(model.parameters(), reference.parameters()):
+    for mine, theirs in zip(model.parameters(), reference.parameters(), strict=False):
         torch.testing.assert_close(mine, theirs)
     assert sched.scheduler.last_epoch == 2  # 4 micro-batches, 2 real steps
 
@@ -134,7 +134,7 @@ def test_the_last_batch_of_a_loader_always_steps():
         model, opt, DataLoader(TensorDataset(*_data(12)), batch_size=4)
     )
     syncs = []
-    for x, y in loader:
+    for x, _y in loader:
         with acc.accumulate(model):
             acc.backward(model(x).sum())
             syncs.append(acc.sync_gradients)
@@ -164,14 +164,14 @@ def test_fp16_overflow_skips_the_step_and_the_scheduler_then_training_goes_on():
     lr, scale = sched.get_last_lr(), acc.scaler.get_scale()
     step(scale_loss=float("inf"))
     assert opt.step_was_skipped and acc.optimizer_step_was_skipped
-    for p, old in zip(model.parameters(), before):
+    for p, old in zip(model.parameters(), before, strict=False):
         torch.testing.assert_close(p, old, rtol=0, atol=0)
     assert sched.get_last_lr() == lr
     assert acc.scaler.get_scale() == scale / 2
     step()
     assert not opt.step_was_skipped
     assert sched.get_last_lr() == [lr[0] / 2]
-    assert any(not torch.equal(p, old) for p, old in zip(model.parameters(), before))
+    assert any(not torch.equal(p, old) for p, old in zip(model.parameters(), before, strict=False))
 
 
 def test_bf16_forward_computes_in_bf16_and_returns_float32():
