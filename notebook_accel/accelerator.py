@@ -443,6 +443,26 @@ class Accelerator:
         if self.is_local_main_process:
             print(*args, **kwargs)
 
+    def log(
+        self,
+        values: dict,
+        step: int | None = None,
+        log_kwargs: dict | None = None,
+        main_process_only: bool = True,
+    ) -> None:
+        """Send metrics to the notebook: the live view, the loss curve and `last_run()`.
+
+        As in Accelerate, only the main process logs unless `main_process_only=False`
+        (then every rank's values arrive, tagged with their rank). Values are
+        numbers, one-element tensors or strings. `log_kwargs` is accepted for
+        compatibility with Accelerate's trackers and ignored.
+        """
+        from notebook_accel import metrics
+
+        if main_process_only and not self.is_main_process:
+            return
+        metrics.record(values, step=step)
+
     @contextlib.contextmanager
     def main_process_first(self) -> Iterator[None]:
         """The main process runs the block first (say, to download), then the others."""

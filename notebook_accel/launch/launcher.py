@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -9,15 +10,23 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.config import LaunchSettings
+from notebook_accel.config import LaunchConfig, LaunchSettings
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
+from notebook_accel.launch.workers import StopSignal, WorkerGroup
+from notebook_accel.metrics import MetricRecord
 
 
 @dataclass
 class RunReport:
-    """What the latest launch did; `last_run()` returns it."""
+    """What the latest launch did; `last_run()` returns it.
+
+    `metrics` holds every `Accelerator.log` record in arrival order;
+    `resources` each rank's memory figures (`rss_bytes` live, `peak_rss_bytes`
+    and, on GPUs, `peak_gpu_bytes` at the end); `progress` the main
+    process's latest progress-bar position.
+    """
 
     status: str = "starting"  # starting, running, finished, failed, stopped, timed out
     world_size: int = 0
@@ -28,6 +37,48 @@ class RunReport:
     restarts: int = 0
     started_at: float = 0.0
     duration: float = 0.0
+    metrics: list[MetricRecord] = field(default_factory=list)
+    resources: dict[int, dict[str, int]] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+
+    def history(self, name: str, rank: int | None = None) -> list[tuple[int | None, Any]]:
+        """(step, value) pairs of one metric, in the order they were logged."""
+        return [
+            (r.step, r.values[name])
+            for r in self.metrics
+            if name in r.values and (rank is None or r.rank == rank)
+        ]
+
+    def to_dataframe(self):
+        """The metric history as a pandas DataFrame: step, rank, time, one column per metric."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("to_dataframe() needs pandas: pip install pandas") from None
+        rows = [{"step": r.step, "rank": r.rank, "time": r.time, **r.values} for r in self.metrics]
+        return pandas.DataFrame(rows)
+
+
+class _HistoryObserver(RunObserver):
+    """Keeps the run's metrics, progress and resource figures in its report."""
+
+    def __init__(self, report: RunReport):
+        self.report = report
+
+    def on_message(self, rank: int, kind: str, payload: Any) -> None:
+        if kind == "metric":
+            self.report.metrics.append(payload)
+        elif kind == "progress":
+            self.report.progress = payload
+        elif kind == "resources":
+            figures = self.report.resources.setdefault(rank, {})
+            peak = max(
+                figures.get("peak_rss_bytes", 0),
+                payload.get("peak_rss_bytes", 0),
+                payload.get("rss_bytes", 0),
+            )
+            figures.update(payload)
+            figures["peak_rss_bytes"] = peak
 
 
 _last_run = RunReport()
@@ -49,6 +100,7 @@ def notebook_launcher(
     num_nodes: int = 1,
     *,
     kwargs: dict[str, Any] | None = None,
+    config: LaunchConfig | str | os.PathLike | None = None,
     backend: str | None = None,
     devices: list[int] | None = None,
     gradient_accumulation_steps: int = 1,
@@ -56,6 +108,7 @@ def notebook_launcher(
     timeout: float | None = None,
     return_all: bool = False,
     output: str = "all",
+    live: bool | None = None,
     threads_per_process: int | None = None,
     observers: list[RunObserver] | None = None,
     **unknown: Any,
@@ -77,6 +130,8 @@ def notebook_launcher(
         master_addr, node_rank, num_nodes: for a run over several machines,
             each calling `notebook_launcher` with its own `node_rank`.
         kwargs: keyword arguments for `function`.
+        config: a `LaunchConfig` or the path of its YAML file (the panel's
+            "Save"); options passed here with other than their default win.
         backend: "cpu" or "cuda" to override what the hardware suggests.
         devices: which GPUs to use, by index (default: the first `num_processes`).
         gradient_accumulation_steps: picked up by `Accelerator()` in the workers.
@@ -85,12 +140,15 @@ def notebook_launcher(
             TimeoutError is raised.
         return_all: return every rank's value as a list ordered by rank.
         output: "all" (other ranks' lines prefixed), "main" or "none".
+        live: show progress, metrics and a loss curve while the run goes
+            (default: as widgets in a notebook, as text lines in a script).
         threads_per_process: torch threads in each worker (default 1; see README).
         observers: extra receivers of the run's events (output, metrics, exits).
 
     Returns:
         The main worker's return value, tensors moved to the CPU; with
-        `return_all`, a list of every worker's value on this node.
+        `return_all`, a list of every worker's value on this node. The run's
+        metric history and resource figures are in `last_run()`.
 
     Raises:
         WorkerError: a worker raised, exited non-zero or was killed; it names the
@@ -98,35 +156,58 @@ def notebook_launcher(
         TimeoutError: `timeout` passed.
         KeyboardInterrupt: the run was interrupted; the workers are stopped.
     """
+    options = {
+        "num_processes": num_processes,
+        "mixed_precision": mixed_precision,
+        "use_port": use_port,
+        "master_addr": master_addr,
+        "node_rank": node_rank,
+        "num_nodes": num_nodes,
+        "backend": backend,
+        "devices": devices,
+        "gradient_accumulation_steps": gradient_accumulation_steps,
+        "max_restarts": max_restarts,
+        "timeout": timeout,
+    }
+    if config is not None:
+        options = _merged_with_config(options, config)
     plan = plan_launch(
         function=function,
         args=args,
         kwargs=kwargs,
-        num_processes=num_processes,
-        mixed_precision=mixed_precision,
-        use_port=use_port,
-        master_addr=master_addr,
-        node_rank=node_rank,
-        num_nodes=num_nodes,
-        backend=backend,
-        devices=devices,
-        gradient_accumulation_steps=gradient_accumulation_steps,
-        max_restarts=max_restarts,
-        timeout=timeout,
         return_all=return_all,
         output=output,
         threads_per_process=threads_per_process,
         unknown=unknown,
+        **options,
     )
-    observer = ObserverGroup(
-        [ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)]
-        + list(observers or [])
-    )
-    return run_plan(plan, observer)
+    console = ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)
+    extra = list(observers or [])
+    if live is None or live:
+        from notebook_accel.ui.live import live_view
+
+        view = live_view(plan, force=bool(live))
+        if view is not None:
+            extra.append(view)
+    return run_plan(plan, ObserverGroup([console, *extra]))
 
 
-def run_plan(plan: LaunchPlan, observer: RunObserver) -> Any:
-    """Run a checked launch plan; the panel and the command line call this too."""
+def _merged_with_config(options: dict[str, Any], config: Any) -> dict[str, Any]:
+    if not isinstance(config, LaunchConfig):
+        config = LaunchConfig.load(config)
+    defaults = inspect.signature(notebook_launcher).parameters
+    merged = config.launch_options()
+    for name, value in options.items():
+        if value != defaults[name].default:
+            merged[name] = value
+    return merged
+
+
+def run_plan(plan: LaunchPlan, observer: RunObserver, stop: StopSignal | None = None) -> Any:
+    """Run a checked launch plan; the panel and the command line call this too.
+
+    `stop` lets another thread end the run (then KeyboardInterrupt is raised).
+    """
     global _last_run
     report = RunReport(
         world_size=plan.world_size,
@@ -135,12 +216,13 @@ def run_plan(plan: LaunchPlan, observer: RunObserver) -> Any:
         started_at=time.time(),
     )
     _last_run = report
+    observer = ObserverGroup([_HistoryObserver(report), observer])
     error: BaseException | None = None
     try:
         if plan.in_process:
-            results = _run_in_process(plan, report)
+            results = _run_in_process(plan, observer, report)
         else:
-            results = _run_workers(plan, observer, report)
+            results = _run_workers(plan, observer, report, stop)
         report.status = "finished"
         report.results = results
     except KeyboardInterrupt as interrupt:
@@ -165,13 +247,14 @@ def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
     return results.get(min(results)) if results else None
 
 
-def _run_workers(plan: LaunchPlan, observer: RunObserver, report: RunReport) -> dict[int, Any]:
-    from notebook_accel.launch.workers import WorkerGroup
+def _run_workers(
+    plan: LaunchPlan, observer: RunObserver, report: RunReport, stop: StopSignal | None
+) -> dict[int, Any]:
 
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for attempt in range(plan.max_restarts + 1):
         with _rendezvous_store(plan) as port:
-            group = WorkerGroup(plan.worker_spec(port, attempt), observer)
+            group = WorkerGroup(plan.worker_spec(port, attempt), observer, stop)
             try:
                 observer.on_start(plan.world_size, attempt)
                 group.start()
@@ -193,18 +276,27 @@ def _run_workers(plan: LaunchPlan, observer: RunObserver, report: RunReport) -> 
     raise AssertionError("unreachable")
 
 
-def _run_in_process(plan: LaunchPlan, report: RunReport) -> dict[int, Any]:
+def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) -> dict[int, Any]:
     """num_processes=1: call the function here, so debuggers and %debug work."""
     import torch.distributed as dist
 
+    from notebook_accel import metrics, progress
     from notebook_accel.nested import to_cpu
 
+    def progress_to_observer(step: int, total: int | None, elapsed: float) -> None:
+        observer.on_message(0, "progress", {"step": step, "total": total, "elapsed": elapsed})
+
     was_initialized = dist.is_available() and dist.is_initialized()
+    previous_sink = metrics.set_local_sink(lambda record: observer.on_message(0, "metric", record))
+    previous_hook = progress.set_progress_hook(progress_to_observer)
     with _rendezvous_store(plan) as port, _patched_environ(plan.environment(port, attempt=0)):
         report.status = "running"
+        observer.on_start(plan.world_size, 0)
         try:
             value = plan.function(*plan.args, **plan.kwargs)
         finally:
+            metrics.set_local_sink(previous_sink)
+            progress.set_progress_hook(previous_hook)
             if not was_initialized and dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
     return {0: to_cpu(value)}

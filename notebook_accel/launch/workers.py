@@ -38,6 +38,34 @@ SETTLE_SECONDS = 0.25
 TERMINATE_GRACE_SECONDS = 0.8
 
 _PR_SET_PDEATHSIG = 1
+# How often the launcher samples each worker's memory for live views.
+RESOURCE_SAMPLE_SECONDS = 1.0
+# Progress updates a worker sends at most per second (the last step always goes).
+PROGRESS_UPDATES_PER_SECOND = 10
+
+
+class StopSignal:
+    """Lets another thread (a Stop button) end a run: `set()` wakes the launcher."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._set = False
+
+    def set(self) -> None:
+        if not self._set:
+            self._set = True
+            os.write(self._write, b"x")
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def fileno(self) -> int:
+        return self._read
+
+    def close(self) -> None:
+        os.close(self._read)
+        os.close(self._write)
 
 
 @dataclass
@@ -77,12 +105,16 @@ class _Worker:
 class WorkerGroup:
     """The workers of one launch attempt on this node."""
 
-    def __init__(self, spec: WorkerSpec, observer: RunObserver):
+    def __init__(self, spec: WorkerSpec, observer: RunObserver, stop: StopSignal | None = None):
         self.spec = spec
         self.observer = observer
+        self.stop_signal = stop
         self.workers: list[_Worker] = []
         self.results: dict[int, Any] = {}
         self._selector = selectors.DefaultSelector()
+        self._next_sample = 0.0
+        if stop is not None:
+            self._selector.register(stop.fileno(), selectors.EVENT_READ)
         self._streams: dict[int, tuple[_Worker, str]] = {}
         self._sentinels: dict[int, _Worker] = {}
 
@@ -141,13 +173,30 @@ class WorkerGroup:
                     raise TimeoutError
             else:
                 timeout = None
-            for key, _ in self._selector.select(max(timeout, 0) if timeout is not None else None):
+            if self.stop_signal is not None and self.stop_signal.is_set():
+                raise KeyboardInterrupt("the run was stopped")
+            until_sample = max(0.0, self._next_sample - time.monotonic())
+            timeout = until_sample if timeout is None else min(max(timeout, 0.0), until_sample)
+            for key, _ in self._selector.select(timeout):
                 self._handle(key.fd)
+            if time.monotonic() >= self._next_sample:
+                self._sample_resources()
             if first_failure_at is None and self._failed_workers():
                 first_failure_at = time.monotonic()
         failures = self._failed_workers()
         if failures:
             raise WorkerError(self._failures_cause_first(failures))
+
+    def _sample_resources(self) -> None:
+        self._next_sample = time.monotonic() + RESOURCE_SAMPLE_SECONDS
+        for worker in self.workers:
+            if worker.exitcode is not None:
+                continue
+            try:
+                rss = psutil.Process(worker.process.pid).memory_info().rss
+            except psutil.Error:
+                continue
+            self.observer.on_message(worker.rank, "resources", {"rss_bytes": rss})
 
     def _handle(self, fd: int) -> None:
         # An fd may have been closed earlier in the same batch of events.
@@ -329,9 +378,11 @@ def _worker_main(
 
     channel = channel_module.ChannelWriter(channel_fd)
     channel_module.set_worker_channel(channel)
+    _send_progress_through(channel)
     exitcode = 0
     try:
         value = spec.function(*spec.args, **spec.kwargs)
+        _send_peak_resources(channel)
         if rank == spec.global_rank(0) or spec.return_all:
             _send_result(channel, value)
         _barrier_before_exit()
@@ -340,6 +391,7 @@ def _worker_main(
         if exitcode:
             _send_error(channel, stop)
     except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
+        _send_peak_resources(channel)
         _send_error(channel, error)
         exitcode = 1
     finally:
@@ -349,6 +401,36 @@ def _worker_main(
             except Exception:  # noqa: BLE001
                 pass
         os._exit(exitcode)
+
+
+def _send_progress_through(channel: channel_module.ChannelWriter) -> None:
+    """Route the main process's progress bar to the launcher, at most 10 updates/s."""
+    from notebook_accel import progress
+
+    last_sent = [0.0]
+
+    def send(step: int, total: int | None, elapsed: float) -> None:
+        now = time.monotonic()
+        final = total is not None and step >= total
+        if final or step == 0 or now - last_sent[0] >= 1 / PROGRESS_UPDATES_PER_SECOND:
+            last_sent[0] = now
+            channel.send("progress", {"step": step, "total": total, "elapsed": elapsed})
+
+    progress.set_progress_hook(send)
+
+
+def _send_peak_resources(channel: channel_module.ChannelWriter) -> None:
+    import resource
+
+    import torch
+
+    peaks = {"peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+    if torch.cuda.is_initialized():
+        peaks["peak_gpu_bytes"] = torch.cuda.max_memory_allocated()
+    try:
+        channel.send("resources", peaks)
+    except OSError:  # the launcher is already gone; nothing to report to
+        pass
 
 
 def _send_result(channel: channel_module.ChannelWriter, value: Any) -> None:
