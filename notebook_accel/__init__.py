@@ -22,6 +22,9 @@ _EXPORTS = {
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchSettings": "notebook_accel.config",
+    "LaunchConfig": "notebook_accel.config",
+    "panel": "notebook_accel.ui.panel",
+    "LaunchPanel": "notebook_accel.ui.panel",
     "Accelerator": "notebook_accel.accelerator",
     "AutocastKwargs": "notebook_accel.kwargs",
     "DataLoaderConfiguration": "notebook_accel.kwargs",
@@ -40,7 +43,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from notebook_accel.accelerator import Accelerator
-    from notebook_accel.config import LaunchSettings
+    from notebook_accel.config import LaunchConfig, LaunchSettings
     from notebook_accel.kwargs import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -55,6 +58,7 @@ if TYPE_CHECKING:
     from notebook_accel.progress import progress_bar, set_progress_hook
     from notebook_accel.seeding import set_seed
     from notebook_accel.state import DistributedType
+    from notebook_accel.ui.panel import LaunchPanel, panel
 
 
 def __getattr__(name: str) -> Any:

@@ -56,7 +56,7 @@ def record(values: Mapping[str, Any], step: int | None = None) -> MetricRecord:
     )
     channel = worker_channel()
     if channel is not None:
-        channel.send("metric", entry)
+        channel.send("metric", entry, batch=True)
     elif _local_sink is not None:
         _local_sink(entry)
     else:

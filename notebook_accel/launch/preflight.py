@@ -77,6 +77,9 @@ class LaunchPlan:
     output: str
     threads_per_process: int
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS
+    # A single worker runs in this process unless a caller (the panel, which
+    # must be able to stop it) asks for a worker process anyway.
+    single_in_process: bool = True
 
     @property
     def world_size(self) -> int:
@@ -84,7 +87,7 @@ class LaunchPlan:
 
     @property
     def in_process(self) -> bool:
-        return self.world_size == 1
+        return self.world_size == 1 and self.single_in_process
 
     def environment(self, port: int, attempt: int) -> dict[str, str]:
         """Variables every worker of this node gets (the rank ones come per worker)."""
@@ -145,6 +148,7 @@ def plan_launch(
     threads_per_process: Any = None,
     unknown: dict[str, Any] | None = None,
     hardware: hardware_module.Hardware | None = None,
+    single_in_process: bool = True,
 ) -> LaunchPlan:
     """Check every launch input and return the plan, or raise before starting anything."""
     _check_unknown(unknown or {})
@@ -215,6 +219,7 @@ def plan_launch(
         return_all=bool(return_all),
         output=output,
         threads_per_process=threads,
+        single_in_process=single_in_process,
     )
     if plan.in_process:
         if timeout is not None:

@@ -18,6 +18,7 @@ import os
 import selectors
 import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -51,11 +52,14 @@ class StopSignal:
         self._read, self._write = os.pipe()
         os.set_blocking(self._read, False)
         self._set = False
+        self._closed = False
+        self._lock = threading.Lock()
 
     def set(self) -> None:
-        if not self._set:
-            self._set = True
-            os.write(self._write, b"x")
+        with self._lock:
+            if not self._set and not self._closed:
+                self._set = True
+                os.write(self._write, b"x")
 
     def is_set(self) -> bool:
         return self._set
@@ -64,8 +68,11 @@ class StopSignal:
         return self._read
 
     def close(self) -> None:
-        os.close(self._read)
-        os.close(self._write)
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._read)
+                os.close(self._write)
 
 
 @dataclass

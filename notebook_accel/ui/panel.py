@@ -1,0 +1,418 @@
+"""The control panel: choose devices and precision, launch, watch, stop.
+
+The panel is a view over the same launch code as `notebook_launcher`: its
+choices become a `LaunchConfig`, the launch goes through `plan_launch` and
+`run_plan`, and it holds no training logic of its own. `PanelChoices` is the
+panel's state without widgets, so it can be tested without a browser.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from html import escape
+from typing import Any
+
+from notebook_accel.config import PRECISIONS, LaunchConfig
+from notebook_accel.launch.backends import BACKENDS
+from notebook_accel.launch.hardware import Hardware
+from notebook_accel.launch.hardware import detect as detect_hardware
+from notebook_accel.ui import format as fmt
+from notebook_accel.ui.state import RunState
+
+
+@dataclass
+class PanelChoices:
+    """What the person chose, checked against the hardware."""
+
+    hardware: Hardware
+    backend: str = "cpu"
+    gpus: list[int] = field(default_factory=list)
+    num_processes: int = 2
+    mixed_precision: str = "no"
+    gradient_accumulation_steps: int = 1
+
+    @classmethod
+    def for_hardware(cls, hardware: Hardware) -> PanelChoices:
+        backend = hardware.accelerator if hardware.accelerator in ("cuda", "cpu") else "cpu"
+        gpus = [gpu.index for gpu in hardware.gpus] if backend == "cuda" else []
+        processes = len(gpus) or BACKENDS["cpu"].default_num_processes(hardware)
+        return cls(hardware, backend, gpus, max(processes, 1))
+
+    def backends(self) -> list[str]:
+        return ["cuda", "cpu"] if self.hardware.gpus else ["cpu"]
+
+    def processes(self) -> int:
+        """Workers the launch will start: one per chosen GPU, or the number asked for."""
+        return len(self.gpus) if self.backend == "cuda" else self.num_processes
+
+    def precision_problems(self) -> dict[str, str | None]:
+        """Each precision, with why it cannot run here (None when it can)."""
+        backend = BACKENDS[self.backend]
+        return {name: backend.precision_problem(name, self.hardware) for name in PRECISIONS}
+
+    def problem(self) -> str | None:
+        """Why Launch cannot go ahead with these choices, or None."""
+        if self.backend == "cuda" and not self.gpus:
+            return "choose at least one GPU"
+        if self.backend == "cpu" and self.num_processes < 1:
+            return "choose at least one process"
+        reason = self.precision_problems()[self.mixed_precision]
+        if reason:
+            return f"{self.mixed_precision}: {reason}"
+        return None
+
+    def to_config(self) -> LaunchConfig:
+        return LaunchConfig(
+            backend=self.backend,
+            num_processes=self.processes(),
+            devices=list(self.gpus) if self.backend == "cuda" else None,
+            mixed_precision=self.mixed_precision,
+            gradient_accumulation_steps=self.gradient_accumulation_steps,
+        )
+
+    def apply(self, config: LaunchConfig) -> None:
+        """Take a loaded configuration's choices; raise ValueError if this machine can't."""
+        backend = config.backend or self.backend
+        if backend not in self.backends():
+            raise ValueError(
+                f"the configuration asks for backend {backend!r}, which this "
+                f"machine does not have (it has {', '.join(self.backends())})."
+            )
+        problem = BACKENDS[backend].precision_problem(config.mixed_precision, self.hardware)
+        if problem:
+            raise ValueError(f"the configuration asks for {config.mixed_precision}: {problem}.")
+        if backend == "cuda":
+            known = {gpu.index for gpu in self.hardware.gpus}
+            gpus = (
+                config.devices
+                if config.devices is not None
+                else sorted(known)[: config.num_processes or len(known)]
+            )
+            missing = [index for index in gpus if index not in known]
+            if missing:
+                raise ValueError(
+                    f"the configuration names GPU {missing}, which this machine does not have."
+                )
+            self.gpus = list(gpus)
+        elif config.num_processes is not None:
+            self.num_processes = config.num_processes
+        self.backend = backend
+        self.mixed_precision = config.mixed_precision
+        self.gradient_accumulation_steps = config.gradient_accumulation_steps
+
+
+def hardware_summary(hardware: Hardware) -> str:
+    lines = [f"CPU: {hardware.cpu_cores} cores, {fmt.size(hardware.ram_bytes)} RAM"]
+    for gpu in hardware.gpus:
+        capability = f", compute {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else ""
+        lines.append(f"GPU {gpu.index}: {gpu.name} ({fmt.size(gpu.memory_bytes)}{capability})")
+    if hardware.tpu_cores:
+        lines.append(f"TPU: {hardware.tpu_cores} cores")
+    if not hardware.gpus and not hardware.tpu_cores:
+        lines.append("No GPU or TPU: workers run on CPU cores (gloo).")
+    return "<br>".join(escape(line) for line in lines)
+
+
+class _PanelRun(RunState):
+    """The panel's view of one run: redraws its widgets from the launch thread."""
+
+    def __init__(self, panel: LaunchPanel, main_rank: int = 0) -> None:
+        super().__init__(main_rank)
+        self.panel = panel
+
+    def changed(self, final: bool) -> None:
+        self.panel.run_widgets.refresh(self)
+
+
+class LaunchPanel:
+    """An ipywidgets panel that launches `function(*args, **kwargs)` on the chosen devices.
+
+    After a run, `result` holds the main worker's return value, `error` the
+    exception (a WorkerError with the worker's traceback), and `report` the
+    run's report (as `last_run()` gives it).
+    """
+
+    def __init__(
+        self,
+        function: Callable[..., Any],
+        args: tuple = (),
+        kwargs: dict | None = None,
+        hardware: Hardware | None = None,
+        config_path: str = "launch.yaml",
+    ) -> None:
+        import ipywidgets as w
+
+        from notebook_accel.ui.widgets import RunWidgets
+
+        self.function, self.args, self.kwargs = function, tuple(args), dict(kwargs or {})
+        self.choices = PanelChoices.for_hardware(hardware or detect_hardware())
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.report = None
+        self._thread: threading.Thread | None = None
+        self._stop = None
+        self._active = False
+
+        hw = self.choices.hardware
+        self.hardware_view = w.HTML(hardware_summary(hw))
+        self.backend = w.Dropdown(
+            options=self.choices.backends(),
+            value=self.choices.backend,
+            description="Backend",
+            layout=w.Layout(width="200px"),
+        )
+        self.gpu_boxes = [
+            w.Checkbox(
+                value=True,
+                description=f"GPU {gpu.index}",
+                indent=False,
+                layout=w.Layout(width="90px"),
+            )
+            for gpu in hw.gpus
+        ]
+        self.processes = w.BoundedIntText(
+            value=self.choices.num_processes,
+            min=1,
+            max=256,
+            description="Processes",
+            layout=w.Layout(width="180px"),
+        )
+        self.processes.add_class("notebook-accel-processes")
+        self.precision_buttons = {}
+        for name in PRECISIONS:
+            button = w.ToggleButton(
+                value=name == self.choices.mixed_precision,
+                description=name,
+                layout=w.Layout(width="70px"),
+            )
+            button.add_class(f"notebook-accel-precision-{name}")
+            button.observe(self._on_precision, names="value")
+            self.precision_buttons[name] = button
+        self.precision_note = w.HTML()
+        self.accumulation = w.BoundedIntText(
+            value=1, min=1, max=4096, description="Accumulate", layout=w.Layout(width="180px")
+        )
+        self.launch_button = w.Button(description="Launch", button_style="primary", icon="play")
+        self.launch_button.add_class("notebook-accel-launch")
+        self.stop_button = w.Button(
+            description="Stop", button_style="danger", icon="stop", disabled=True
+        )
+        self.stop_button.add_class("notebook-accel-stop")
+        self.config_path = w.Text(
+            value=config_path, description="Config", layout=w.Layout(width="300px")
+        )
+        self.save_button = w.Button(description="Save", icon="save")
+        self.load_button = w.Button(description="Load", icon="folder-open")
+        self.message = w.HTML()
+        self.message.add_class("notebook-accel-message")
+        self.run_widgets = RunWidgets(show_logs=True)
+        self.outcome = w.HTML()
+        self.outcome.add_class("notebook-accel-result")
+
+        self.backend.observe(self._on_choice, names="value")
+        self.processes.observe(self._on_choice, names="value")
+        self.accumulation.observe(self._on_choice, names="value")
+        for box in self.gpu_boxes:
+            box.observe(self._on_choice, names="value")
+        self.launch_button.on_click(lambda _: self.launch())
+        self.stop_button.on_click(lambda _: self.stop())
+        self.save_button.on_click(lambda _: self.save_config())
+        self.load_button.on_click(lambda _: self.load_config())
+
+        self.box = w.VBox(
+            [
+                w.HTML("<b>notebook_accel</b>"),
+                self.hardware_view,
+                w.HBox([self.backend, *self.gpu_boxes, self.processes]),
+                w.HBox([w.Label("Precision"), *self.precision_buttons.values()]),
+                self.precision_note,
+                self.accumulation,
+                w.HBox([self.launch_button, self.stop_button]),
+                w.HBox([self.config_path, self.save_button, self.load_button]),
+                self.message,
+                self.run_widgets.box,
+                self.outcome,
+            ]
+        )
+        self.box.add_class("notebook-accel-panel")
+        self._sync_widgets()
+
+    # -- display -----------------------------------------------------------------
+
+    def display(self) -> None:
+        from IPython.display import display
+
+        display(self.box)
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.box._repr_mimebundle_(**kwargs)
+
+    # -- choices -----------------------------------------------------------------
+
+    def _on_precision(self, change: dict) -> None:
+        if self._syncing:
+            return
+        chosen = change["owner"].description
+        if change["new"]:
+            self.choices.mixed_precision = chosen
+        elif chosen == self.choices.mixed_precision:  # a radio group: one stays pressed
+            self.choices.mixed_precision = "no"
+        self._sync_widgets()
+
+    def _on_choice(self, change: dict) -> None:
+        if self._syncing:
+            return
+        self.choices.backend = self.backend.value
+        self.choices.gpus = [
+            gpu.index
+            for gpu, box in zip(self.choices.hardware.gpus, self.gpu_boxes, strict=True)
+            if box.value
+        ]
+        self.choices.num_processes = self.processes.value
+        self.choices.gradient_accumulation_steps = self.accumulation.value
+        if self.choices.precision_problems()[self.choices.mixed_precision]:
+            self.choices.mixed_precision = "no"
+        self._sync_widgets()
+
+    _syncing = False
+
+    def _sync_widgets(self) -> None:
+        """Make every widget show `self.choices`, disabling what cannot run."""
+        self._syncing = True
+        try:
+            choices = self.choices
+            running = self.running
+            self.backend.value = choices.backend
+            for gpu, box in zip(choices.hardware.gpus, self.gpu_boxes, strict=True):
+                box.value = gpu.index in choices.gpus
+                box.layout.display = "" if choices.backend == "cuda" else "none"
+                box.disabled = running
+            self.processes.value = choices.processes()
+            self.processes.disabled = running or choices.backend == "cuda"
+            problems = choices.precision_problems()
+            for name, button in self.precision_buttons.items():
+                button.value = name == choices.mixed_precision
+                button.disabled = running or problems[name] is not None
+                button.tooltip = problems[name] or f"train in {name}"
+            unavailable = [f"{name}: {reason}" for name, reason in problems.items() if reason]
+            self.precision_note.value = (
+                "<small>" + "<br>".join(escape(text) for text in unavailable) + "</small>"
+                if unavailable
+                else ""
+            )
+            self.accumulation.value = choices.gradient_accumulation_steps
+            self.accumulation.disabled = running
+            self.backend.disabled = running
+            problem = choices.problem()
+            self.launch_button.disabled = running or problem is not None
+            self.launch_button.tooltip = problem or "start the workers"
+            self.stop_button.disabled = not running
+        finally:
+            self._syncing = False
+
+    # -- config file -------------------------------------------------------------
+
+    def save_config(self) -> None:
+        try:
+            self.choices.to_config().save(self.config_path.value)
+        except OSError as error:
+            self._say(f"Could not save: {error}", error=True)
+        else:
+            self._say(f"Saved to {self.config_path.value}")
+
+    def load_config(self) -> None:
+        try:
+            self.choices.apply(LaunchConfig.load(self.config_path.value))
+        except (OSError, ValueError) as error:
+            self._say(f"Could not load: {error}", error=True)
+        else:
+            self._sync_widgets()
+            self._say(f"Loaded {self.config_path.value}")
+
+    def _say(self, text: str, error: bool = False) -> None:
+        colour = "#d62728" if error else "#555"
+        self.message.value = f"<span style='color:{colour}'>{escape(text)}</span>"
+
+    # -- running -----------------------------------------------------------------
+
+    @property
+    def running(self) -> bool:
+        return self._active
+
+    def launch(self) -> None:
+        """Start a run with the current choices (in a thread, so Stop stays clickable)."""
+        from notebook_accel.launch.launcher import run_plan
+        from notebook_accel.launch.preflight import plan_launch
+        from notebook_accel.launch.workers import StopSignal
+
+        if self.running:
+            return
+        try:
+            plan = plan_launch(
+                function=self.function,
+                args=self.args,
+                kwargs=self.kwargs,
+                hardware=self.choices.hardware,
+                single_in_process=False,
+                **self.choices.to_config().launch_options(),
+            )
+        except Exception as error:  # noqa: BLE001 - shown in the panel, nothing started
+            self._say(str(error), error=True)
+            return
+        self.result, self.error = None, None
+        self.outcome.value = ""
+        self._say("")
+        stop = self._stop = StopSignal()
+        view = _PanelRun(self, main_rank=plan.node_rank * plan.local_world_size)
+
+        def run() -> None:
+            from notebook_accel.launch.launcher import last_run
+
+            try:
+                self.result = run_plan(plan, view, stop=stop)
+            except BaseException as error:  # noqa: BLE001 - shown in the panel
+                self.error = error
+            finally:
+                stop.close()
+                self.report = last_run()
+                self._active = False
+                self._show_outcome()
+                self._sync_widgets()
+
+        self._active = True
+        self._thread = threading.Thread(target=run, name="notebook_accel-panel-run", daemon=True)
+        self._thread.start()
+        self._sync_widgets()
+
+    def stop(self) -> None:
+        """Stop the running workers, as the kernel's stop button would."""
+        if self._stop is not None and self.running:
+            self._stop.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait for the current run to end; True if it has."""
+        if self._thread is not None:
+            self._thread.join(timeout)
+        return self._thread is None or not self._thread.is_alive()
+
+    def _show_outcome(self) -> None:
+        if self.error is None:
+            text = escape(repr(self.result))
+            if len(text) > 2000:
+                text = text[:2000] + " ..."
+            self.outcome.value = f"<b>Result</b><pre>{text}</pre>"
+        elif isinstance(self.error, KeyboardInterrupt):
+            self.outcome.value = "<b>Stopped</b>: every worker was terminated."
+        else:
+            self.outcome.value = (
+                f"<b style='color:#d62728'>Failed</b><pre>{escape(str(self.error))}</pre>"
+            )
+
+
+def panel(
+    function: Callable[..., Any], args: tuple = (), kwargs: dict | None = None, **options: Any
+) -> LaunchPanel:
+    """A control panel for `function`: shown when it is the last expression of a cell."""
+    return LaunchPanel(function, args, kwargs, **options)

@@ -1,0 +1,56 @@
+"""In a real kernel, a launch that logs metrics shows a live view and keeps the history."""
+
+from __future__ import annotations
+
+import nbformat
+from nbclient import NotebookClient
+
+CELLS = [
+    """
+import time
+from notebook_accel import Accelerator, notebook_launcher, last_run, progress_bar
+
+def train(steps):
+    accelerator = Accelerator()
+    for step in progress_bar(range(steps)):
+        accelerator.log({"loss": 1.0 / (step + 1), "accuracy": step / steps}, step=step)
+        time.sleep(0.02)
+    accelerator.print("trained", steps, "steps")
+    return steps
+
+notebook_launcher(train, args=(40,), num_processes=2)
+""",
+    """
+report = last_run()
+print("STATUS", report.status)
+print("RECORDS", len(report.metrics), "LAST", report.history("loss")[-1])
+print("RANKS", sorted(report.resources))
+""",
+]
+
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
+
+
+def test_live_view_and_history_in_a_kernel(tmp_path):
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CELLS]
+    NotebookClient(
+        notebook, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    ).execute()
+    launch, summary = notebook.cells
+    assert any(WIDGET_VIEW in output.get("data", {}) for output in launch.outputs)
+    assert "trained 40 steps" in "".join(o.get("text", "") for o in launch.outputs)
+    text = "".join(output.get("text", "") for output in summary.outputs)
+    assert "STATUS finished" in text
+    assert "RECORDS 40 LAST (39, 0.025)" in text
+    assert "RANKS [0, 1]" in text
+
+    models = notebook.metadata["widgets"][WIDGET_STATE]["state"].values()
+    states = [model["state"] for model in models]
+    bars = [s for s in states if s.get("_model_name") == "IntProgressModel"]
+    assert any(s["value"] == s["max"] == 40 for s in bars)
+    html = " ".join(str(s.get("value", "")) for s in states if s.get("_model_name") == "HTMLModel")
+    assert "<polyline" in html and "loss" in html  # the curve
+    assert "accuracy" in html  # the latest metrics
+    assert "rank 1: finished" in html

@@ -1,0 +1,180 @@
+"""The panel's choices and widgets, without a browser."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from notebook_accel import LaunchConfig, WorkerError
+from notebook_accel.launch.hardware import GpuInfo, Hardware
+from notebook_accel.ui.panel import LaunchPanel, PanelChoices, hardware_summary
+from tests_support import live_children
+
+CPU_ONLY = Hardware(cpu_cores=2, ram_bytes=8 << 30)
+TWO_T4 = Hardware(
+    gpus=(GpuInfo(0, "Tesla T4", 15 << 30, (7, 5)), GpuInfo(1, "Tesla T4", 15 << 30, (7, 5))),
+    cpu_cores=4,
+)
+FOUR_H100 = Hardware(
+    gpus=tuple(GpuInfo(i, "H100", 80 << 30, (9, 0)) for i in range(4)), cpu_cores=32
+)
+
+
+def test_defaults_follow_the_hardware():
+    cpu = PanelChoices.for_hardware(CPU_ONLY)
+    assert (cpu.backend, cpu.processes(), cpu.gpus) == ("cpu", 2, [])
+    gpu = PanelChoices.for_hardware(FOUR_H100)
+    assert (gpu.backend, gpu.processes(), gpu.gpus) == ("cuda", 4, [0, 1, 2, 3])
+    assert gpu.backends() == ["cuda", "cpu"] and cpu.backends() == ["cpu"]
+
+
+def test_precisions_the_hardware_cannot_run_come_with_the_reason():
+    cpu = PanelChoices.for_hardware(CPU_ONLY).precision_problems()
+    assert cpu["no"] is cpu["fp16"] is cpu["bf16"] is None
+    assert "CUDA GPU" in cpu["fp8"]
+    t4 = PanelChoices.for_hardware(TWO_T4).precision_problems()
+    assert "8.0" in t4["bf16"] and "8.9" in t4["fp8"] and t4["fp16"] is None
+
+
+def test_choices_become_the_launch_configuration():
+    choices = PanelChoices.for_hardware(FOUR_H100)
+    choices.gpus = [1, 3]
+    choices.mixed_precision = "bf16"
+    choices.gradient_accumulation_steps = 4
+    assert choices.to_config() == LaunchConfig(
+        backend="cuda",
+        num_processes=2,
+        devices=[1, 3],
+        mixed_precision="bf16",
+        gradient_accumulation_steps=4,
+    )
+    choices.backend, choices.num_processes = "cpu", 3
+    assert choices.to_config().devices is None and choices.to_config().num_processes == 3
+
+
+def test_launch_is_refused_for_impossible_choices():
+    choices = PanelChoices.for_hardware(TWO_T4)
+    choices.gpus = []
+    assert choices.problem() == "choose at least one GPU"
+    choices.gpus = [0]
+    choices.mixed_precision = "bf16"
+    assert "bf16" in choices.problem()
+
+
+def test_a_saved_configuration_loads_back_and_is_checked(tmp_path):
+    path = tmp_path / "launch.yaml"
+    choices = PanelChoices.for_hardware(FOUR_H100)
+    choices.gpus, choices.mixed_precision = [0, 2], "fp16"
+    choices.to_config().save(path)
+    again = PanelChoices.for_hardware(FOUR_H100)
+    again.apply(LaunchConfig.load(path))
+    assert (again.gpus, again.mixed_precision) == ([0, 2], "fp16")
+    on_a_laptop = PanelChoices.for_hardware(CPU_ONLY)
+    with pytest.raises(ValueError, match="backend 'cuda', which this machine does not have"):
+        on_a_laptop.apply(LaunchConfig.load(path))
+
+
+def test_hardware_summary_names_each_gpu():
+    text = hardware_summary(TWO_T4)
+    assert "GPU 1: Tesla T4 (15.0 GB, compute 7.5)" in text and "4 cores" in text
+    assert "No GPU or TPU" in hardware_summary(CPU_ONLY)
+
+
+def test_widgets_disable_what_cannot_run_and_follow_clicks():
+    panel = LaunchPanel(lambda: None, hardware=TWO_T4)
+    assert panel.precision_buttons["bf16"].disabled
+    assert "8.0" in panel.precision_buttons["bf16"].tooltip
+    assert not panel.precision_buttons["fp16"].disabled
+    panel.precision_buttons["fp16"].value = True
+    assert panel.choices.mixed_precision == "fp16"
+    assert not panel.precision_buttons["no"].value  # one precision at a time
+    panel.gpu_boxes[1].value = False
+    assert panel.choices.gpus == [0] and panel.processes.value == 1
+    panel.gpu_boxes[0].value = False
+    assert panel.launch_button.disabled and panel.launch_button.tooltip == "choose at least one GPU"
+
+
+def test_save_and_load_buttons_round_trip_through_yaml(tmp_path):
+    panel = LaunchPanel(lambda: None, hardware=CPU_ONLY, config_path=str(tmp_path / "a.yaml"))
+    panel.processes.value = 3
+    panel.precision_buttons["bf16"].value = True
+    panel.save_config()
+    assert "Saved" in panel.message.value
+    other = LaunchPanel(lambda: None, hardware=CPU_ONLY, config_path=str(tmp_path / "a.yaml"))
+    other.load_config()
+    assert other.processes.value == 3 and other.precision_buttons["bf16"].value
+    other.config_path.value = str(tmp_path / "missing.yaml")
+    other.load_config()
+    assert "Could not load" in other.message.value and "missing.yaml" in other.message.value
+
+
+def precision_and_log(steps):
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    print("running in", accelerator.mixed_precision)
+    for step in range(steps):
+        accelerator.log({"loss": 1.0 / (step + 1)}, step=step)
+        time.sleep(0.01)
+    return accelerator.mixed_precision
+
+
+def test_launch_from_the_panel_runs_workers_and_shows_the_run():
+    panel = LaunchPanel(precision_and_log, args=(20,), hardware=CPU_ONLY)
+    panel.precision_buttons["bf16"].value = True
+    panel.launch()
+    assert panel.running and panel.stop_button.disabled is False
+    assert panel.wait(60)
+    assert panel.result == "bf16" and panel.error is None
+    assert panel.report.status == "finished" and len(panel.report.metrics) == 20
+    logs = panel.run_widgets.logs.value
+    assert "running in bf16" in logs and "[rank 1] running in bf16" in logs
+    assert "<polyline" in panel.run_widgets.chart.value
+    assert "finished" in panel.run_widgets.ranks.value
+    assert "Result" in panel.outcome.value and not panel.launch_button.disabled
+
+
+def sleeps_forever():
+    time.sleep(600)
+
+
+def test_stop_ends_the_run_quickly_and_the_next_launch_works():
+    panel = LaunchPanel(sleeps_forever, hardware=CPU_ONLY)
+    panel.launch()
+    time.sleep(0.5)
+    stopped_at = time.monotonic()
+    panel.stop()
+    assert panel.wait(10)
+    assert time.monotonic() - stopped_at < 2.0
+    assert live_children() == []
+    assert panel.report.status == "stopped" and "Stopped" in panel.outcome.value
+    assert "stopped" in panel.run_widgets.ranks.value
+    panel.function = precision_and_log
+    panel.args = (2,)
+    panel.launch()
+    assert panel.wait(60) and panel.result == "no"
+
+
+def fails_on_rank_one():
+    import os
+
+    if os.environ["RANK"] == "1":
+        raise ValueError("rank one broke")
+    time.sleep(600)
+
+
+def test_a_failed_run_shows_the_worker_traceback():
+    panel = LaunchPanel(fails_on_rank_one, hardware=CPU_ONLY)
+    panel.launch()
+    assert panel.wait(30)
+    assert isinstance(panel.error, WorkerError)
+    assert "ValueError: rank one broke" in panel.outcome.value
+    assert "failed" in panel.run_widgets.ranks.value
+
+
+def test_bad_arguments_are_shown_in_the_panel_and_nothing_starts():
+    panel = LaunchPanel(precision_and_log, args=(), hardware=CPU_ONLY)
+    panel.launch()
+    assert not panel.running and "cannot be called" in panel.message.value
+    assert live_children() == []
