@@ -155,3 +155,44 @@ def test_shuffling_without_a_seedable_sampler_stays_in_step_across_ranks():
     for gathered in everyone:
         assert sorted(gathered) == list(range(20))  # disjoint shards covering the data
     assert mine[0] != mine[1]  # each epoch reshuffles
+
+
+def _handlers_worker():
+    from datetime import timedelta
+
+    from notebook_accel import DistributedDataParallelKwargs, InitProcessGroupKwargs
+
+    acc = Accelerator(
+        gradient_accumulation_steps=2,
+        dataloader_config=DataLoaderConfiguration(split_batches=True),
+        kwargs_handlers=[
+            DistributedDataParallelKwargs(find_unused_parameters=True, bucket_cap_mb=1),
+            InitProcessGroupKwargs(timeout=timedelta(seconds=60)),
+        ],
+    )
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    model, opt, sched, loader = acc.prepare(
+        model, opt, sched, DataLoader(TensorDataset(*_data()), batch_size=8)
+    )
+    local_on_skipped_steps = []
+    for x, y in loader:
+        with acc.accumulate(model):
+            acc.backward(torch.nn.functional.mse_loss(model(x), y))
+            if not acc.sync_gradients:  # no all-reduce yet: gradients differ across ranks
+                grad = acc.unwrap_model(model)[0].weight.grad
+                local_on_skipped_steps.append(not torch.equal(acc.reduce(grad, "mean"), grad))
+            opt.step()
+            sched.step()
+            opt.zero_grad()
+    return model.find_unused_parameters, local_on_skipped_steps, sched.last_epoch
+
+
+def test_handlers_reach_ddp_and_accumulation_skips_the_all_reduce():
+    for unused, local, epochs in notebook_launcher(
+        _handlers_worker, num_processes=2, return_all=True
+    ):
+        assert unused is True
+        assert local == [True, True]  # 4 batches, accumulation 2: 2 skipped syncs
+        assert epochs == 2  # split_batches: one scheduler step per optimizer step
