@@ -282,3 +282,18 @@ def test_dataloader_config_options_reach_the_loader():
     assert [b[0].tolist() for b in loader] == first
     with pytest.raises(ValueError, match="dispatch_batches"):
         DataLoaderConfiguration(dispatch_batches=True)
+
+
+def test_fp8_on_an_older_gpu_names_each_missing_piece(monkeypatch):
+    import importlib.util
+
+    from notebook_accel.state import CudaBackend
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "A100")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
+    problem = CudaBackend().precision_problem("fp8")
+    assert "8.9" in problem and "A100 is 8.0" in problem and "torchao" in problem
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
+    assert CudaBackend().precision_problem("fp8") is None
