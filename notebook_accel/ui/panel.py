@@ -296,7 +296,7 @@ class LaunchPanel:
                 button.value = name == choices.mixed_precision
                 button.disabled = running or problems[name] is not None
                 button.tooltip = problems[name] or f"train in {name}"
-            unavailable = [f"{name}: {reason}" for name, reason in problems.items() if reason]
+            unavailable = [reason for reason in problems.values() if reason]
             self.precision_note.value = (
                 "<small>" + "<br>".join(escape(text) for text in unavailable) + "</small>"
                 if unavailable
