@@ -1,27 +1,270 @@
-"""The `notebook-accel` command."""
+"""The `notebook-accel` command: env, config, launch, test and demo.
+
+    notebook-accel env                       versions, hardware, settings for bug reports
+    notebook-accel config --mixed-precision bf16 --num-processes 4
+    notebook-accel config --check launch.yaml
+    notebook-accel launch --config launch.yaml train.py --epochs 3
+    notebook-accel test                      a short distributed self-check
+    notebook-accel demo                      train a small model on synthetic data
+"""
 
 from __future__ import annotations
 
 import argparse
+import os
+import socket
+import subprocess
+import sys
+from typing import Any
 
 from notebook_accel import demo
 
+DEFAULT_CONFIG = "launch.yaml"
+# Variables worth seeing in a bug report.
+ENV_PREFIXES = ("CUDA_", "NCCL_", "PJRT_", "XLA_", "TPU_", "MASTER_", "PYTORCH_",
+                "NOTEBOOK_ACCEL_", "TORCHELASTIC_")
+ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK",
+             "COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
+
 
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    options = parser.parse_args(argv)
+    try:
+        return options.handler(options)
+    except (ValueError, OSError) as error:
+        print(f"notebook-accel {options.command}: {error}", file=sys.stderr)
+        return 2
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="notebook-accel",
-        description="Train PyTorch models on every device of this machine.",
+        description="Train PyTorch models on every device of this machine, or of several.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser(
-        "demo", help="train a small model on synthetic data", description=demo.__doc__
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    env = commands.add_parser("env", help="versions, hardware and settings, for bug reports")
+    env.set_defaults(handler=run_env)
+
+    config = commands.add_parser("config", help="write or check a launch configuration file")
+    config.add_argument("--file", default=DEFAULT_CONFIG, help="the YAML file (default: %(default)s)")
+    config.add_argument("--check", metavar="FILE", help="only check FILE and print it")
+    config.add_argument("--backend", choices=["cpu", "cuda", "xla"])
+    config.add_argument("--num-processes", type=int, help="workers per machine")
+    config.add_argument("--devices", help="GPU indices, comma-separated, e.g. 0,1")
+    config.add_argument("--mixed-precision", choices=["no", "fp16", "bf16", "fp8"])
+    config.add_argument("--gradient-accumulation-steps", type=int)
+    config.add_argument("--num-nodes", type=int, help="machines taking part")
+    config.add_argument("--node-rank", type=int, help="this machine's number, from 0")
+    config.add_argument("--master-addr", help="address of machine 0")
+    config.add_argument("--master-port", "--use-port", dest="use_port", type=int)
+    config.add_argument("--max-restarts", type=int)
+    config.add_argument("--timeout", type=float, help="seconds for a whole run")
+    config.set_defaults(handler=run_config)
+
+    launch = commands.add_parser(
+        "launch", help="run a script on this machine's devices (or a cluster) via torchrun",
     )
+    launch.add_argument("--config", help="launch configuration file (see `config`)")
+    launch.add_argument("--num-processes", type=int, help="override the file's value")
+    launch.add_argument("--mixed-precision", choices=["no", "fp16", "bf16", "fp8"])
+    launch.add_argument("--node-rank", type=int, help="override the file's value")
+    launch.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
+    launch.add_argument("script", help="the training script")
+    launch.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
+    launch.set_defaults(handler=run_launch)
+
+    check = commands.add_parser("test", help="a short distributed self-check on this hardware")
+    check.add_argument("--processes", type=int, default=None)
+    check.add_argument("--cpu", action="store_true", help="use CPU workers even with GPUs")
+    check.set_defaults(handler=run_self_check)
+
+    demo_parser = commands.add_parser("demo", help="train a small model on synthetic data",
+                                      description=demo.__doc__)
     demo.add_arguments(demo_parser)
-    options = parser.parse_args(argv)
-    if options.command == "demo":
-        return demo.run(options)
-    parser.error(f"unknown command {options.command}")
-    return 2
+    demo_parser.set_defaults(handler=demo.run)
+    return parser
+
+
+# -- env -------------------------------------------------------------------------
+
+
+def run_env(options: argparse.Namespace) -> int:
+    print(environment_report())
+    return 0
+
+
+def environment_report() -> str:
+    import platform
+    from importlib import metadata
+
+    from notebook_accel.launch.hardware import detect
+    from notebook_accel.ui import format as fmt
+
+    def version(package: str) -> str:
+        try:
+            return metadata.version(package)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    import torch
+
+    lines = ["Versions"]
+    lines.append(f"  Python          {platform.python_version()} ({platform.platform()})")
+    cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"
+    lines.append(f"  torch           {torch.__version__}{cuda}")
+    for package in ("torch_xla", "notebook-accel", "ipykernel", "ipywidgets", "jupyterlab",
+                    "accelerate", "torchao"):
+        lines.append(f"  {package:<15} {version(package)}")
+    hardware = detect()
+    lines += ["Hardware", f"  accelerator     {hardware.accelerator}",
+              f"  CPU cores       {hardware.cpu_cores}",
+              f"  memory          {fmt.size(hardware.ram_bytes)}"]
+    for gpu in hardware.gpus:
+        capability = f" compute {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else ""
+        lines.append(f"  GPU {gpu.index:<11} {gpu.name}, {fmt.size(gpu.memory_bytes)}{capability}")
+    if hardware.tpu_cores:
+        lines.append(f"  TPU cores       {hardware.tpu_cores}")
+    relevant = sorted(name for name in os.environ
+                      if name.startswith(ENV_PREFIXES) or name in ENV_NAMES)
+    lines.append("Environment")
+    lines += [f"  {name}={os.environ[name]}" for name in relevant] or ["  (none set)"]
+    return "\n".join(lines)
+
+
+# -- config ----------------------------------------------------------------------
+
+
+def run_config(options: argparse.Namespace) -> int:
+    from notebook_accel.config import LaunchConfig
+
+    if options.check:
+        config = LaunchConfig.load(options.check)
+        print(config.to_yaml(), end="")
+        print(f"{options.check}: valid")
+        return 0
+    config = LaunchConfig.load(options.file) if os.path.exists(options.file) else LaunchConfig()
+    for name in ("backend", "num_processes", "mixed_precision", "gradient_accumulation_steps",
+                 "num_nodes", "node_rank", "master_addr", "use_port", "max_restarts",
+                 "timeout"):
+        value = getattr(options, name)
+        if value is not None:
+            setattr(config, name, value)
+    if options.devices is not None:
+        config.devices = [int(part) for part in options.devices.split(",") if part.strip()]
+    # Check the values the same way a file is checked before writing them.
+    LaunchConfig.from_yaml(config.to_yaml(), source="the options")
+    config.save(options.file)
+    print(config.to_yaml(), end="")
+    print(f"written to {options.file}")
+    return 0
+
+
+# -- launch ----------------------------------------------------------------------
+
+
+def run_launch(options: argparse.Namespace) -> int:
+    command, env = torchrun_command(options)
+    if options.dry_run:
+        settings = " ".join(f"{k}={v}" for k, v in sorted(env.items()) if k.startswith("NOTEBOOK"))
+        print(settings, " ".join(command))
+        return 0
+    completed = subprocess.run(command, env={**os.environ, **env}, check=False)
+    return completed.returncode
+
+
+def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The torch.distributed.run command line and the settings for the workers."""
+    from notebook_accel.config import LaunchConfig, LaunchSettings, normalize_precision
+    from notebook_accel.launch import hardware as hardware_module
+    from notebook_accel.launch.backends import BACKENDS
+
+    config = LaunchConfig.load(options.config) if options.config else LaunchConfig()
+    if not os.path.exists(options.script):
+        raise ValueError(f"no script at {options.script!r}")
+    hardware = hardware_module.detect()
+    backend = BACKENDS[config.backend or hardware.accelerator]
+    processes = options.num_processes or config.num_processes or backend.default_num_processes(
+        hardware)
+    precision = normalize_precision(options.mixed_precision or config.mixed_precision)
+    problem = backend.precision_problem(precision, hardware)
+    if problem:
+        raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}")
+    node_rank = config.node_rank if options.node_rank is None else options.node_rank
+    command = [sys.executable, "-m", "torch.distributed.run",
+               f"--nproc-per-node={processes}", f"--nnodes={config.num_nodes}"]
+    if config.num_nodes == 1 and config.use_port is None:
+        command.append("--standalone")
+    else:
+        port = config.use_port or 29500
+        command += [f"--node-rank={node_rank}", f"--master-addr={config.master_addr}",
+                    f"--master-port={port}"]
+    if config.max_restarts:
+        command.append(f"--max-restarts={config.max_restarts}")
+    command += [options.script, *options.script_args]
+    env = LaunchSettings(backend.name, precision, config.gradient_accumulation_steps).to_env()
+    if config.devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in config.devices)
+    return command, env
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+# -- test ------------------------------------------------------------------------
+
+
+def self_check() -> dict[str, Any]:
+    """Exercise the collectives and one DDP step; runs in every worker."""
+    import torch
+
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    rank, world = accelerator.process_index, accelerator.num_processes
+    checks = {}
+    total = accelerator.reduce(torch.tensor([float(rank)], device=accelerator.device))
+    checks["reduce"] = total.item() == sum(range(world))
+    gathered = accelerator.gather(torch.tensor([rank], device=accelerator.device))
+    checks["gather"] = gathered.tolist() == list(range(world))
+    samples = world * 3 + 1  # uneven on purpose
+    loader = torch.utils.data.DataLoader(torch.arange(samples), batch_size=2)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    seen = torch.cat([accelerator.gather_for_metrics(batch) for batch in loader])
+    checks["gather_for_metrics"] = sorted(seen.tolist()) == list(range(samples))
+    inputs = torch.full((2, 4), float(rank + 1), device=accelerator.device)
+    accelerator.backward(model(inputs).sum())
+    optimizer.step()
+    weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach().flatten())
+    checks["ddp_step"] = bool(torch.allclose(weights.view(world, -1), weights.view(world, -1)[0]))
+    return {"world_size": world, "device": str(accelerator.device),
+            "backend": accelerator.distributed_type.value if hasattr(
+                accelerator.distributed_type, "value") else str(accelerator.distributed_type),
+            "checks": checks}
+
+
+def run_self_check(options: argparse.Namespace) -> int:
+    from notebook_accel import WorkerError, notebook_launcher
+
+    try:
+        report = notebook_launcher(self_check, num_processes=options.processes,
+                                   backend="cpu" if options.cpu else None, timeout=120,
+                                   live=False)
+    except (WorkerError, TimeoutError) as error:
+        print(f"FAILED: {error}")
+        return 1
+    print(f"{report['world_size']} worker(s) on {report['device']} ({report['backend']})")
+    for name, passed in report["checks"].items():
+        print(f"  {'ok  ' if passed else 'FAIL'} {name}")
+    passed = all(report["checks"].values())
+    print("self-check passed" if passed else "self-check FAILED")
+    return 0 if passed else 1
 
 
 if __name__ == "__main__":

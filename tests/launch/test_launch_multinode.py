@@ -55,3 +55,74 @@ def test_two_nodes_of_two_workers_form_one_group_of_four(tmp_path):
     results = [eval(out.split("RESULTS", 1)[1]) for out, _ in outputs]
     assert results[0] == [(0, 4, 6.0), (1, 4, 6.0)]
     assert results[1] == [(2, 4, 6.0), (3, 4, 6.0)]
+
+
+TRAIN_MODULE = textwrap.dedent("""
+    import sys, warnings, torch
+    from notebook_accel import Accelerator, notebook_launcher, set_seed
+
+    def train():
+        accelerator = Accelerator()
+        set_seed(0)
+        data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
+        loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+        for _ in range(2):
+            for x, y in loader:
+                accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+                optimizer.step()
+                optimizer.zero_grad()
+        return accelerator.unwrap_model(model).state_dict()
+
+    if __name__ == "__main__":
+        warnings.simplefilter("ignore")  # 4 workers on fewer cores
+        out, node_rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+        if node_rank < 0:
+            weights = notebook_launcher(train, num_processes=4, timeout=120, live=False)
+        else:
+            weights = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
+                                        use_port=port, timeout=120, live=False)
+        torch.save(weights, out)
+""")
+
+
+def test_two_nodes_of_two_train_to_the_weights_of_one_group_of_four(tmp_path):
+    import torch
+
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_MODULE)
+    port = free_port()
+    runs = {
+        "single": [(-1, tmp_path / "single.pt")],
+        "nodes": [(0, tmp_path / "node0.pt"), (1, tmp_path / "node1.pt")],
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(out), str(rank), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, out in runs["nodes"]
+    ]
+    try:
+        outputs = [process.communicate(timeout=150) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    assert [p.returncode for p in processes] == [0, 0], outputs
+    single = subprocess.run(
+        [sys.executable, str(script), str(runs["single"][0][1]), "-1", "0"],
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert single.returncode == 0, single.stderr
+    four = torch.load(tmp_path / "single.pt")
+    two_by_two = torch.load(tmp_path / "node0.pt")
+    assert four.keys() == two_by_two.keys()
+    for name in four:
+        torch.testing.assert_close(two_by_two[name], four[name], rtol=0, atol=1e-6)
