@@ -18,17 +18,20 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel import ops
+from notebook_accel import compile as compiling
+from notebook_accel import fsdp, ops
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, prepare_data_loader
 from notebook_accel.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
     ProjectConfiguration,
+    TorchDynamoPlugin,
 )
 from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
@@ -55,6 +58,11 @@ class Accelerator:
         step_scheduler_with_optimizer: schedulers advance only with real optimizer steps.
         project_dir / project_config: where the project's files go.
         device_placement: move models and batches to the device.
+        fsdp_plugin: shard models with FSDP2 instead of wrapping them in DDP
+            (None: the launch's `fsdp` settings, else DDP).
+        dynamo_backend / dynamo_plugin / compile: `torch.compile` models in
+            `prepare` with this backend ("inductor", "aot_eager", ...), these
+            settings, or (`compile=True`) the default backend.
     """
 
     def __init__(
@@ -70,6 +78,10 @@ class Accelerator:
         project_dir: str | os.PathLike | None = None,
         project_config: ProjectConfiguration | None = None,
         rng_types: list[str] | None = None,
+        fsdp_plugin: FullyShardedDataParallelPlugin | None = None,
+        dynamo_backend: str | None = None,
+        dynamo_plugin: TorchDynamoPlugin | None = None,
+        compile: bool = False,
     ) -> None:
         launch = LaunchSettings.from_env()
         handlers = _sort_handlers(kwargs_handlers or [])
@@ -90,6 +102,11 @@ class Accelerator:
             handlers.get(GradScalerKwargs),
         )
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
+        self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
+        self.dynamo_plugin = compiling.plugin_for(
+            dynamo_backend, dynamo_plugin, compile, self.state.device
+        )
+        self._shards = fsdp.ShardMap()  # to re-point optimizers at sharded parameters
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:  # the older spelling, still accepted by Accelerate
             self.dataloader_config.split_batches = split_batches
@@ -213,6 +230,8 @@ class Accelerator:
         for i, obj in enumerate(args):
             if not _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, placement[i])
+        for optimizer in self._optimizers:  # prepared before their model was sharded
+            fsdp.switch_optimizer_parameters(optimizer, self._shards)
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self.prepare_scheduler(obj)
@@ -233,23 +252,35 @@ class Accelerator:
         device_placement: bool | None = None,
         evaluation_mode: bool = False,
     ) -> torch.nn.Module:
-        """Move `model` to the device, apply mixed precision, wrap it in DDP when distributed."""
+        """Move `model` to the device, apply mixed precision, wrap it for distribution, compile.
+
+        When distributed, the model is wrapped in DDP, or with an FSDP plugin
+        sharded in place (the same object, its parameters now DTensor shards).
+        With a dynamo backend the result is `torch.compile`d.
+        """
         self._models.append(model)
         if device_placement if device_placement is not None else self.device_placement:
             model = model.to(self.device)
         model = self.precision.prepare_model(model)
         trainable = any(p.requires_grad for p in model.parameters())
         if self.use_distributed and trainable and not evaluation_mode:
-            kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {}
-            if self.device.type == "cuda":
-                kwargs["device_ids"] = [self.device.index]
-                kwargs["output_device"] = self.device.index
-            model = DistributedDataParallel(model, **kwargs)
-            self._models[-1] = model
+            if self.fsdp_plugin is not None:
+                shards = fsdp.shard_model(model, self.fsdp_plugin, self.precision.name, self.device)
+                self._shards.update(shards)
+            else:
+                kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {}
+                if self.device.type == "cuda":
+                    kwargs["device_ids"] = [self.device.index]
+                    kwargs["output_device"] = self.device.index
+                model = DistributedDataParallel(model, **kwargs)
+        if self.dynamo_plugin is not None:
+            model = compiling.compile_model(model, self.dynamo_plugin)
+        self._models[-1] = model
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap `optimizer` so it skips accumulation steps and fp16 overflow steps."""
+        fsdp.switch_optimizer_parameters(optimizer, self._shards)
         wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
         self._optimizers.append(wrapped)
         return wrapped
@@ -293,12 +324,30 @@ class Accelerator:
     def unwrap_model(
         self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
     ) -> torch.nn.Module:
-        """The user's model inside the DDP wrapper (and without the precision wrapper if asked)."""
+        """The user's model: without `torch.compile`'s and DDP's wrappers (and the
+        precision wrapper if asked).
+
+        A model sharded with FSDP is the user's own object already (its class
+        swapped for an FSDP subclass, its parameters DTensor shards); it is
+        returned as it is. `get_state_dict` gives its whole weights.
+        """
+        model = compiling.unwrap_compiled(model)
         while isinstance(model, DistributedDataParallel):
             model = model.module
         if not keep_fp32_wrapper:
             restore_forward(model)
         return model
+
+    def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
+        """The model's whole weights, as `unwrap_model(model).state_dict()` would give.
+
+        A sharded model's weights are gathered to the CPU of the main process
+        (other processes get {}); every process must call this then.
+        """
+        model = self.unwrap_model(model) if unwrap else model
+        if fsdp.is_sharded(compiling.unwrap_compiled(model)):
+            return fsdp.full_state_dict(compiling.unwrap_compiled(model))
+        return model.state_dict()
 
     # -- the training step -----------------------------------------------------------
 
@@ -332,12 +381,18 @@ class Accelerator:
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
-        """Skip DDP's gradient all-reduce inside the block (a no-op in one process)."""
-        with (
-            model.no_sync()
-            if isinstance(model, DistributedDataParallel)
-            else contextlib.nullcontext()
-        ):
+        """Skip the gradient all-reduce (DDP) or reduce-scatter (FSDP) inside the block.
+
+        A no-op in one process.
+        """
+        model = compiling.unwrap_compiled(model)
+        if isinstance(model, DistributedDataParallel):
+            context = model.no_sync()
+        elif fsdp.is_sharded(model):
+            context = fsdp.no_gradient_sync(model)
+        else:
+            context = contextlib.nullcontext()
+        with context:
             yield
 
     @contextlib.contextmanager
@@ -365,9 +420,13 @@ class Accelerator:
     def clip_grad_norm_(
         self, parameters: Any, max_norm: float, norm_type: float = 2
     ) -> torch.Tensor:
-        """`torch.nn.utils.clip_grad_norm_` on true (unscaled) gradients; returns the total norm."""
+        """`torch.nn.utils.clip_grad_norm_` on true (unscaled) gradients; returns the total norm.
+
+        With FSDP the norm covers every process's shards (a plain tensor, not a DTensor).
+        """
         self.unscale_gradients()
-        return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        return fsdp.full_tensor(norm)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """`torch.nn.utils.clip_grad_value_` on true (unscaled) gradients."""

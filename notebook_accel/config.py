@@ -8,9 +8,10 @@ started by `torch.distributed.run`, which the command line uses.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 PRECISIONS = ("no", "fp16", "bf16", "fp8")
 BACKENDS = ("cpu", "cuda", "xla")
@@ -18,6 +19,7 @@ BACKENDS = ("cpu", "cuda", "xla")
 ENV_BACKEND = "NOTEBOOK_ACCEL_BACKEND"
 ENV_MIXED_PRECISION = "NOTEBOOK_ACCEL_MIXED_PRECISION"
 ENV_GRADIENT_ACCUMULATION_STEPS = "NOTEBOOK_ACCEL_GRADIENT_ACCUMULATION_STEPS"
+ENV_FSDP = "NOTEBOOK_ACCEL_FSDP"  # the FSDP plugin's fields as JSON; unset: no sharding
 
 
 def normalize_precision(value: str | None) -> str:
@@ -42,13 +44,18 @@ class LaunchSettings:
     backend: str = "cpu"
     mixed_precision: str = "no"
     gradient_accumulation_steps: int = 1
+    # FullyShardedDataParallelPlugin fields (None: no sharding).
+    fsdp: dict | None = field(default=None, hash=False)
 
     def to_env(self) -> dict[str, str]:
-        return {
+        env = {
             ENV_BACKEND: self.backend,
             ENV_MIXED_PRECISION: self.mixed_precision,
             ENV_GRADIENT_ACCUMULATION_STEPS: str(self.gradient_accumulation_steps),
         }
+        if self.fsdp is not None:
+            env[ENV_FSDP] = json.dumps(self.fsdp)
+        return env
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> LaunchSettings | None:
@@ -60,6 +67,7 @@ class LaunchSettings:
             backend=env[ENV_BACKEND],
             mixed_precision=normalize_precision(env.get(ENV_MIXED_PRECISION)),
             gradient_accumulation_steps=int(env.get(ENV_GRADIENT_ACCUMULATION_STEPS, "1")),
+            fsdp=json.loads(env[ENV_FSDP]) if env.get(ENV_FSDP) else None,
         )
 
 
@@ -85,6 +93,7 @@ class LaunchConfig:
     use_port: int | None = None
     max_restarts: int = 0
     timeout: float | None = None
+    fsdp: dict | None = None
 
     def launch_options(self) -> dict:
         """The keyword arguments for `notebook_launcher`."""
@@ -139,6 +148,9 @@ class LaunchConfig:
                 hint = f"; did you mean {close[0]!r}?" if close else ""
                 raise ConfigError(f"{source}, line {line}: unknown key {key!r}{hint}")
             value = yaml.safe_load(yaml.serialize(value_node))
+            if key == "fsdp":
+                values[key] = _fsdp_section(value, line, value_node, source)
+                continue
             if not _FIELD_TYPES[key](value):
                 raise ConfigError(
                     f"{source}, line {line}: {key}: {value!r} is not {_FIELD_HELP[key]}."
@@ -147,6 +159,49 @@ class LaunchConfig:
         if "mixed_precision" in values:
             values["mixed_precision"] = normalize_precision(values["mixed_precision"])
         return cls(**values)
+
+
+def normalize_fsdp(value) -> dict | None:
+    """The launch's `fsdp` option as plugin fields, or None for no sharding.
+
+    Returns only the fields that differ from the defaults ({}: all defaults).
+    Takes None or False (off), True or {} (the defaults), a dict of
+    FullyShardedDataParallelPlugin fields, or the plugin itself. Raises
+    ValueError on an unknown or bad field.
+    """
+    from notebook_accel.kwargs import FullyShardedDataParallelPlugin
+
+    if value is None or value is False:
+        return None
+    if value is True:
+        value = {}
+    if isinstance(value, Mapping):
+        value = FullyShardedDataParallelPlugin.from_dict(dict(value))
+    if not isinstance(value, FullyShardedDataParallelPlugin):
+        raise ValueError(
+            f"fsdp={value!r} must be true, a dict of FullyShardedDataParallelPlugin fields, "
+            "or a FullyShardedDataParallelPlugin."
+        )
+    defaults = FullyShardedDataParallelPlugin().to_dict()
+    return {key: item for key, item in value.to_dict().items() if item != defaults[key]}
+
+
+def _fsdp_section(value, key_line: int, node, source: str) -> dict | None:
+    """Check the YAML `fsdp:` section; an error names the line of the bad option."""
+    import yaml
+
+    try:
+        return normalize_fsdp(value)
+    except ValueError as error:
+        line, problem = key_line, error
+        options = node.value if isinstance(node, yaml.MappingNode) else []
+        for option_node, option_value in options:
+            try:
+                normalize_fsdp({option_node.value: yaml.safe_load(yaml.serialize(option_value))})
+            except ValueError as option_error:
+                line, problem = option_node.start_mark.line + 1, option_error
+                break
+        raise ConfigError(f"{source}, line {line}: fsdp: {problem}") from None
 
 
 def _whole(value) -> bool:
@@ -165,6 +220,7 @@ _FIELD_TYPES = {
     "use_port": lambda v: v is None or (_whole(v) and 1 <= v <= 65535),
     "max_restarts": lambda v: _whole(v) and v >= 0,
     "timeout": lambda v: v is None or (isinstance(v, (int, float)) and v > 0),
+    "fsdp": lambda v: True,  # checked field by field by _fsdp_section
 }
 _FIELD_HELP = {
     "backend": f"one of {', '.join(BACKENDS)} or null",
@@ -178,4 +234,5 @@ _FIELD_HELP = {
     "use_port": "a port number (1-65535) or null",
     "max_restarts": "a whole number of at least 0",
     "timeout": "a positive number of seconds, or null",
+    "fsdp": "a mapping of FSDP options, true, or null",
 }

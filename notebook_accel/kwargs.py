@@ -117,3 +117,169 @@ class ProjectConfiguration:
     def __post_init__(self) -> None:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
+
+
+WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
+STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
+DTYPE_NAMES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")
+_POLICY_KEYS = ("param_dtype", "reduce_dtype", "output_dtype")
+
+
+@dataclass
+class FullyShardedDataParallelPlugin:
+    """Shard the model across the processes with PyTorch's `fully_shard` (FSDP2).
+
+    Pass it as `Accelerator(fsdp_plugin=...)`, or as a launch's `fsdp=` option
+    (a dict of these fields, also the `fsdp:` section of a launch YAML file).
+    `prepare` then shards every submodule the wrap policy picks, then the model
+    itself, instead of wrapping it in DDP. With one process nothing is sharded.
+
+    - `auto_wrap_policy`: which submodules become their own shard group (one
+      all-gather each): "transformer_based_wrap" (modules whose class name is in
+      `transformer_cls_names_to_wrap`, else in the model's `_no_split_modules`),
+      "size_based_wrap" (modules holding at least `min_num_params` parameters
+      not already in a smaller group), "no_wrap" (only the whole model), or a
+      function `module -> bool`. Default: from whichever of the two lists is set.
+    - `reshard_after_forward`: free the gathered parameters after forward and
+      gather again in backward (less memory, more communication).
+    - `cpu_offload`: keep parameters, gradients and optimizer state on the CPU.
+    - `mixed_precision_policy`: None takes the Accelerator's precision (bf16 or
+      fp16 compute, float32 gradient reduction); or a dict of `param_dtype`,
+      `reduce_dtype`, `output_dtype` ("bf16", "fp16", "fp32"), or a
+      `torch.distributed.fsdp.MixedPrecisionPolicy`.
+    - `state_dict_type`: "SHARDED_STATE_DICT" (`save_state` writes each
+      process's shards through `torch.distributed.checkpoint`; loads on any
+      number of processes) or "FULL_STATE_DICT" (the whole weights, gathered on
+      the main process).
+    - `fsdp_version`: 2 (the only one; FSDP1 is not supported).
+    """
+
+    auto_wrap_policy: Any = None
+    transformer_cls_names_to_wrap: list[str] | None = None
+    min_num_params: int | None = None
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    mixed_precision_policy: Any = None
+    state_dict_type: str = "SHARDED_STATE_DICT"
+    fsdp_version: int = 2
+
+    def __post_init__(self) -> None:
+        if self.fsdp_version != 2:
+            raise ValueError(
+                f"fsdp_version={self.fsdp_version!r}: only FSDP2 (torch's fully_shard) is "
+                "supported; use fsdp_version=2."
+            )
+        if isinstance(self.transformer_cls_names_to_wrap, str):
+            self.transformer_cls_names_to_wrap = [
+                name.strip() for name in self.transformer_cls_names_to_wrap.split(",")
+            ]
+        names = self.transformer_cls_names_to_wrap
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) and n for n in names)
+        ):
+            raise ValueError(
+                f"transformer_cls_names_to_wrap={names!r} must be a list of module class names."
+            )
+        size = self.min_num_params
+        if size is not None and not (isinstance(size, int) and not isinstance(size, bool)):
+            raise ValueError(f"min_num_params={size!r} must be a whole number of parameters.")
+        if size is not None and size < 1:
+            raise ValueError(f"min_num_params={size!r} must be at least 1.")
+        if self.auto_wrap_policy is None:
+            self.auto_wrap_policy = (
+                "transformer_based_wrap" if names else "size_based_wrap" if size else "no_wrap"
+            )
+        policy = self.auto_wrap_policy
+        if not callable(policy) and policy not in WRAP_POLICIES:
+            raise ValueError(
+                f"auto_wrap_policy={policy!r} must be one of {', '.join(WRAP_POLICIES)} "
+                "or a function module -> bool."
+            )
+        if policy == "size_based_wrap" and not size:
+            raise ValueError("auto_wrap_policy='size_based_wrap' needs min_num_params.")
+        for name in ("reshard_after_forward", "cpu_offload"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false.")
+        kind = str(self.state_dict_type).upper()
+        if kind in ("SHARDED", "FULL"):
+            kind += "_STATE_DICT"
+        if kind not in STATE_DICT_TYPES:
+            raise ValueError(
+                f"state_dict_type={self.state_dict_type!r} must be one of "
+                f"{', '.join(STATE_DICT_TYPES)}."
+            )
+        self.state_dict_type = kind
+        if isinstance(self.mixed_precision_policy, dict):
+            for key, value in self.mixed_precision_policy.items():
+                if key not in _POLICY_KEYS:
+                    raise ValueError(
+                        f"mixed_precision_policy has an unknown key {key!r}; "
+                        f"it takes {', '.join(_POLICY_KEYS)}."
+                    )
+                if isinstance(value, str) and value.lower() not in DTYPE_NAMES:
+                    raise ValueError(
+                        f"mixed_precision_policy {key}={value!r} must be one of "
+                        f"{', '.join(DTYPE_NAMES)}."
+                    )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as plain values (for YAML and the launch environment).
+
+        Raises ValueError when a field holds a function or a torch object, which
+        only `Accelerator(fsdp_plugin=...)` inside the training function can take.
+        """
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        policy = values["mixed_precision_policy"]
+        if callable(values["auto_wrap_policy"]) or not (
+            policy is None
+            or isinstance(policy, dict)
+            and all(isinstance(v, str) for v in policy.values())
+        ):
+            raise ValueError(
+                "this FullyShardedDataParallelPlugin holds a function or a torch object, "
+                "which cannot be handed to the workers; create it inside the training "
+                "function and pass it as Accelerator(fsdp_plugin=...)."
+            )
+        return values
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> FullyShardedDataParallelPlugin:
+        """Build from `to_dict()`'s output (or a YAML `fsdp:` section); unknown keys raise."""
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(
+                f"unknown FSDP option {unknown[0]!r}; the options are {', '.join(sorted(known))}."
+            )
+        return cls(**values)
+
+
+@dataclass
+class TorchDynamoPlugin:
+    """How `prepare` compiles models with `torch.compile` (backend "no": not at all).
+
+    `backend` is any `torch.compile` backend name ("inductor", its default, needs
+    a C++ compiler on CPU; "aot_eager" traces without generating code). `mode`,
+    `fullgraph` and `dynamic` are `torch.compile`'s arguments.
+    """
+
+    backend: str = "inductor"
+    mode: str | None = None
+    fullgraph: bool = False
+    dynamic: bool | None = None
+
+    def __post_init__(self) -> None:
+        self.backend = str(getattr(self.backend, "value", self.backend)).lower()
+
+    @property
+    def enabled(self) -> bool:
+        return self.backend != "no"
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments for `torch.compile`."""
+        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph}
+        if self.mode is not None:
+            kwargs["mode"] = self.mode
+        if self.dynamic is not None:
+            kwargs["dynamic"] = self.dynamic
+        return kwargs

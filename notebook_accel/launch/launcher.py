@@ -111,6 +111,7 @@ def notebook_launcher(
     live: bool | None = None,
     threads_per_process: int | None = None,
     observers: list[RunObserver] | None = None,
+    fsdp: Any = None,
     **unknown: Any,
 ) -> Any:
     """Run `function(*args)` in one worker process per device and return its result.
@@ -144,6 +145,8 @@ def notebook_launcher(
             (default: as widgets in a notebook, as text lines in a script).
         threads_per_process: torch threads in each worker (default 1; see README).
         observers: extra receivers of the run's events (output, metrics, exits).
+        fsdp: shard models with FSDP2 in the workers' `prepare`: True, or a dict of
+            `FullyShardedDataParallelPlugin` fields (the YAML's `fsdp:` section).
 
     Returns:
         The main worker's return value, tensors moved to the CPU; with
@@ -168,6 +171,7 @@ def notebook_launcher(
         "gradient_accumulation_steps": gradient_accumulation_steps,
         "max_restarts": max_restarts,
         "timeout": timeout,
+        "fsdp": fsdp,
     }
     if config is not None:
         options = _merged_with_config(options, config)

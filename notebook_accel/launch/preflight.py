@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.config import LaunchSettings, normalize_precision
+from notebook_accel.config import LaunchSettings, normalize_fsdp, normalize_precision
 from notebook_accel.launch import hardware as hardware_module
 from notebook_accel.launch.backends import BACKENDS, Backend
 from notebook_accel.launch.observers import OUTPUT_CHOICES
@@ -53,6 +53,7 @@ _KNOWN_OPTIONS = [
     "output",
     "threads_per_process",
     "observers",
+    "fsdp",
 ]
 
 
@@ -146,6 +147,7 @@ def plan_launch(
     return_all: bool = False,
     output: Any = "all",
     threads_per_process: Any = None,
+    fsdp: Any = None,
     unknown: dict[str, Any] | None = None,
     hardware: hardware_module.Hardware | None = None,
     single_in_process: bool = True,
@@ -207,7 +209,7 @@ def plan_launch(
         args=args,
         kwargs=kwargs,
         backend=chosen,
-        settings=LaunchSettings(chosen.name, precision, accumulation),
+        settings=LaunchSettings(chosen.name, precision, accumulation, fsdp=_check_fsdp(fsdp)),
         local_world_size=num_processes,
         num_nodes=num_nodes,
         node_rank=node_rank,
@@ -237,6 +239,13 @@ def plan_launch(
             )
         chosen.check_parent_is_clean()
     return plan
+
+
+def _check_fsdp(fsdp: Any) -> dict | None:
+    try:
+        return normalize_fsdp(fsdp)
+    except ValueError as error:
+        raise ValueError(f"fsdp: {error}") from None
 
 
 def _check_unknown(unknown: dict[str, Any]) -> None:
