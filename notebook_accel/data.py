@@ -8,10 +8,15 @@ the last batches with samples from the start of the epoch so every process
 runs the same number of equal batches; the prepared loader reports how many
 samples of its last global batch are real (`remainder`), which is what lets
 `gather_for_metrics` drop the filler again.
+
+A prepared loader also knows its position (epoch, batches of that epoch already
+yielded, the shuffle generator's state at the start of the epoch), so a
+checkpoint can resume it in the middle of an epoch, bit for bit.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 from collections.abc import Iterator
@@ -19,9 +24,11 @@ from typing import Any
 
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
+from torch.utils.data.dataloader import _DatasetKind
 
 from notebook_accel import ops
 from notebook_accel.nested import apply_to_tensors
+from notebook_accel.seeding import preserved_rng_states
 from notebook_accel.training import GradientState
 
 
@@ -238,6 +245,10 @@ class DataLoaderShard(DataLoader):
     `end_of_dataloader` is True; `remainder` is the number of real samples in
     the last global batch. A pass counts as an epoch: the sampler's epoch is set
     at the start of each (`set_epoch` overrides the count).
+
+    `state_dict()`/`load_state_dict()` save and restore its position: after a
+    load, the next pass continues the saved epoch after the batches already
+    yielded, drawing the same batches in the same order.
     """
 
     def __init__(
@@ -262,14 +273,28 @@ class DataLoaderShard(DataLoader):
         self.iteration = 0
         self.end_of_dataloader = False
         self.remainder = -1
+        self._position = 0  # batches of the current epoch already yielded
+        self._resume_skip = 0  # batches the next pass skips (set by a resume)
+        self._index_skip = 0  # handed to the index sampler when torch builds an iterator
+        self._pass_generator_state: torch.Tensor | None = None
 
     @property
     def total_dataset_length(self) -> int:
         total = getattr(self.dataset, "total_length", None)
         return len(self.dataset) if total is None else total
 
+    @property
+    def epoch(self) -> int:
+        """The epoch the current (or next) pass reads; restored by `load_state_dict`."""
+        return self.iteration
+
     def set_epoch(self, epoch: int) -> None:
-        """Use `epoch`'s shuffle order from the next pass on (counted up after each pass)."""
+        """Use `epoch`'s shuffle order from the next pass on (counted up after each pass).
+
+        Setting another epoch than a resumed one cancels the resume.
+        """
+        if epoch != self.iteration:
+            self._resume_skip = 0
         self.iteration = epoch
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
@@ -288,6 +313,8 @@ class DataLoaderShard(DataLoader):
             # Every process must shuffle alike: take process 0's generator state.
             ops.sync_generator(self.synchronized_generator)
         self.set_epoch(self.iteration)
+        generator = self._shuffle_generator()
+        self._pass_generator_state = None if generator is None else generator.get_state()
         self.end_of_dataloader = False
         self.remainder = -1
         if self.remainder_known and self.total_batch_size:
@@ -298,19 +325,126 @@ class DataLoaderShard(DataLoader):
         self.gradient_state.active_dataloaders.append(self)
 
     def __iter__(self) -> Iterator[Any]:
+        skip, self._resume_skip = self._resume_skip, 0
         self._start()
+        self._position = skip
         try:
-            batches = super().__iter__()
-            current = next(batches, _END)
+            # A resumed pass re-creates what the saved run had already done when
+            # it saved (the iterator, whose creation draws a seed from the global
+            # generator, and the batch read ahead), so it must not move any
+            # generator: the saved states already include those draws.
+            with preserved_rng_states() if skip else contextlib.nullcontext():
+                batches = self._batches(skip)
+                current = next(batches, _END)
             while current is not _END:
                 current = self._to_device(current)
                 following = next(batches, _END)
                 self.end_of_dataloader = following is _END
+                self._position += 1
                 yield current
                 current = following
             self.iteration += 1
+            self._position = 0
         finally:
             self.gradient_state.active_dataloaders.remove(self)
+
+    def _batches(self, skip: int) -> Iterator[Any]:
+        """torch's iterator over this pass, after the first `skip` batches."""
+        if self._dataset_kind == _DatasetKind.Iterable:
+            return itertools.islice(super().__iter__(), skip, None)
+        self._index_skip = skip  # map-style: skip indices, without reading the data
+        return super().__iter__()
+
+    @property
+    def _index_sampler(self) -> Any:
+        # torch reads batch indices through this property when it builds (or, with
+        # persistent workers, resets) an iterator; the wrapper lets a resumed pass
+        # start after the batches already trained on.
+        return _SkipFirstIndices(super()._index_sampler, self)
+
+    def _shuffle_generator(self) -> torch.Generator | None:
+        """The generator a plain RandomSampler shuffles with (the seedable one reseeds itself)."""
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if isinstance(sampler, RandomSampler) and not isinstance(sampler, SeedableRandomSampler):
+            return sampler.generator
+        return None
+
+    def state_dict(self) -> dict:
+        """Where this loader stands: epoch, batches of it yielded, and the shuffle state."""
+        generator = self._shuffle_generator()
+        if self._position:
+            generator_state = self._pass_generator_state
+        else:
+            generator_state = None if generator is None else generator.get_state()
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        return {
+            "epoch": self.iteration,
+            "batches_yielded": self._position,
+            "generator_state": generator_state,
+            "sampler_seed": getattr(sampler, "initial_seed", None),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume at `state`: the next pass continues its epoch after the batches yielded."""
+        self.set_epoch(state["epoch"])
+        self._resume_skip = state["batches_yielded"]
+        generator = self._shuffle_generator()
+        if generator is not None and state.get("generator_state") is not None:
+            generator.set_state(state["generator_state"])
+        sampler = getattr(self.batch_sampler, "sampler", None)
+        if state.get("sampler_seed") is not None and isinstance(sampler, SeedableRandomSampler):
+            sampler.initial_seed = state["sampler_seed"]
+
+    def skip_next_pass_batches(self, num_batches: int) -> None:
+        """Make the next pass start at batch `num_batches` of its epoch (a resume)."""
+        self._resume_skip = num_batches
+
+
+class _SkipFirstIndices:
+    """A loader's batch sampler that skips the batches its loader was told to skip."""
+
+    def __init__(self, sampler: Any, loader: DataLoaderShard) -> None:
+        self.sampler = sampler
+        self.loader = loader
+
+    def __iter__(self) -> Iterator[Any]:
+        skip = getattr(self.loader, "_index_skip", 0)
+        self.loader._index_skip = 0
+        return itertools.islice(iter(self.sampler), skip, None)
+
+    def __len__(self) -> int:
+        return len(self.sampler)
+
+
+class SkipFirstBatches:
+    """A DataLoader whose next passes leave out their first `num_batches` batches.
+
+    What `Accelerator.skip_first_batches` returns. For a prepared loader the
+    skipped batches are not read at all and no random generator moves, so a
+    pass resumed this way after `load_state` continues exactly; its position
+    keeps counting in the prepared loader, so saving inside it stays exact too.
+    A plain DataLoader's first batches are read and dropped.
+    """
+
+    def __init__(self, dataloader: Any, num_batches: int) -> None:
+        if num_batches < 0:
+            raise ValueError(f"num_batches={num_batches}; it must be 0 or more.")
+        self.dataloader = dataloader
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        if isinstance(self.dataloader, DataLoaderShard):
+            self.dataloader.skip_next_pass_batches(self.num_batches)
+            return iter(self.dataloader)
+        return itertools.islice(iter(self.dataloader), self.num_batches, None)
+
+    def __len__(self) -> int:
+        return max(len(self.dataloader) - self.num_batches, 0)
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "dataloader":  # not set yet (unpickling): avoid recursion
+            raise AttributeError(name)
+        return getattr(self.dataloader, name)
 
 
 _END = object()
@@ -390,11 +524,14 @@ def prepare_data_loader(
                 )
             else:  # a custom batch sampler: swap its sampler in place, as Accelerate does
                 batch_sampler.sampler = sampler
-        elif isinstance(sampler, RandomSampler) and num_processes > 1:
+        elif isinstance(sampler, RandomSampler):
+            # A generator of its own (seeded once from the global one) makes each
+            # epoch's order a state that a checkpoint can save and restore.
             if sampler.generator is None:
                 sampler.generator = torch.Generator()
                 sampler.generator.manual_seed(int(torch.empty((), dtype=torch.int64).random_()))
-            synchronized_generator = sampler.generator
+            if num_processes > 1:
+                synchronized_generator = sampler.generator
         if num_processes > 1:
             batch_sampler = BatchSamplerShard(
                 batch_sampler, num_processes, process_index, split_batches, even_batches

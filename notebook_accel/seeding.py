@@ -1,9 +1,11 @@
-"""Seeding every random number generator a training run touches."""
+"""Seeding every random number generator a training run touches, and saving their states."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+from collections.abc import Iterator
 
 
 def set_seed(seed: int, device_specific: bool = False, deterministic: bool = False) -> None:
@@ -31,3 +33,52 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     torch.manual_seed(seed)  # seeds the CPU and every CUDA device
     if deterministic:
         torch.use_deterministic_algorithms(True)
+
+
+def rng_states() -> dict:
+    """The state of every random number generator this process uses.
+
+    Python's `random`, NumPy's global generator (when NumPy is installed),
+    torch's CPU generator and, when CUDA is in use, every CUDA generator.
+    """
+    import torch
+
+    states: dict = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    numpy = _numpy()
+    if numpy is not None:
+        states["numpy"] = numpy.random.get_state()
+    # Only read CUDA states where CUDA is already running: reading them would start it.
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    """Put back generator states taken by `rng_states()`."""
+    import torch
+
+    random.setstate(states["python"])
+    torch.set_rng_state(states["torch"])
+    numpy = _numpy()
+    if numpy is not None and "numpy" in states:
+        numpy.random.set_state(states["numpy"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+@contextlib.contextmanager
+def preserved_rng_states() -> Iterator[None]:
+    """Run the block without moving any random number generator forward."""
+    states = rng_states()
+    try:
+        yield
+    finally:
+        set_rng_states(states)
+
+
+def _numpy():
+    try:
+        import numpy
+    except ImportError:
+        return None
+    return numpy
