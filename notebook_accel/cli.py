@@ -1,11 +1,11 @@
 """The `notebook-accel` command: env, config, launch, test and demo.
 
-    notebook-accel env                       versions, hardware, settings for bug reports
-    notebook-accel config --mixed-precision bf16 --num-processes 4
-    notebook-accel config --check launch.yaml
-    notebook-accel launch --config launch.yaml train.py --epochs 3
-    notebook-accel test                      a short distributed self-check
-    notebook-accel demo                      train a small model on synthetic data
+notebook-accel env                       versions, hardware, settings for bug reports
+notebook-accel config --mixed-precision bf16 --num-processes 4
+notebook-accel config --check launch.yaml
+notebook-accel launch --config launch.yaml train.py --epochs 3
+notebook-accel test                      a short distributed self-check
+notebook-accel demo                      train a small model on synthetic data
 """
 
 from __future__ import annotations
@@ -21,10 +21,26 @@ from notebook_accel import demo
 
 DEFAULT_CONFIG = "launch.yaml"
 # Variables worth seeing in a bug report.
-ENV_PREFIXES = ("CUDA_", "NCCL_", "PJRT_", "XLA_", "TPU_", "MASTER_", "PYTORCH_",
-                "NOTEBOOK_ACCEL_", "TORCHELASTIC_")
-ENV_NAMES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "WORLD_SIZE", "RANK", "LOCAL_RANK",
-             "COLAB_RELEASE_TAG", "KAGGLE_KERNEL_RUN_TYPE")
+ENV_PREFIXES = (
+    "CUDA_",
+    "NCCL_",
+    "PJRT_",
+    "XLA_",
+    "TPU_",
+    "MASTER_",
+    "PYTORCH_",
+    "NOTEBOOK_ACCEL_",
+    "TORCHELASTIC_",
+)
+ENV_NAMES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "COLAB_RELEASE_TAG",
+    "KAGGLE_KERNEL_RUN_TYPE",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
     env.set_defaults(handler=run_env)
 
     config = commands.add_parser("config", help="write or check a launch configuration file")
-    config.add_argument("--file", default=DEFAULT_CONFIG, help="the YAML file (default: %(default)s)")
+    config.add_argument(
+        "--file", default=DEFAULT_CONFIG, help="the YAML file (default: %(default)s)"
+    )
     config.add_argument("--check", metavar="FILE", help="only check FILE and print it")
     config.add_argument("--backend", choices=["cpu", "cuda", "xla"])
     config.add_argument("--num-processes", type=int, help="workers per machine")
@@ -61,10 +79,18 @@ def build_parser() -> argparse.ArgumentParser:
     config.add_argument("--master-port", "--use-port", dest="use_port", type=int)
     config.add_argument("--max-restarts", type=int)
     config.add_argument("--timeout", type=float, help="seconds for a whole run")
+    fsdp = config.add_argument_group("sharding (FSDP2); any --fsdp-* option turns it on")
+    fsdp.add_argument("--fsdp", action=argparse.BooleanOptionalAction, help="shard models")
+    fsdp.add_argument("--fsdp-wrap-classes", metavar="A,B", help="module classes to shard apart")
+    fsdp.add_argument("--fsdp-min-num-params", type=int, help="shard apart modules this big")
+    fsdp.add_argument("--fsdp-reshard-after-forward", action=argparse.BooleanOptionalAction)
+    fsdp.add_argument("--fsdp-cpu-offload", action=argparse.BooleanOptionalAction)
+    fsdp.add_argument("--fsdp-state-dict-type", choices=["SHARDED_STATE_DICT", "FULL_STATE_DICT"])
     config.set_defaults(handler=run_config)
 
     launch = commands.add_parser(
-        "launch", help="run a script on this machine's devices (or a cluster) via torchrun",
+        "launch",
+        help="run a script on this machine's devices (or a cluster) via torchrun",
     )
     launch.add_argument("--config", help="launch configuration file (see `config`)")
     launch.add_argument("--num-processes", type=int, help="override the file's value")
@@ -80,8 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--cpu", action="store_true", help="use CPU workers even with GPUs")
     check.set_defaults(handler=run_self_check)
 
-    demo_parser = commands.add_parser("demo", help="train a small model on synthetic data",
-                                      description=demo.__doc__)
+    demo_parser = commands.add_parser(
+        "demo", help="train a small model on synthetic data", description=demo.__doc__
+    )
     demo.add_arguments(demo_parser)
     demo_parser.set_defaults(handler=demo.run)
     return parser
@@ -114,20 +141,31 @@ def environment_report() -> str:
     lines.append(f"  Python          {platform.python_version()} ({platform.platform()})")
     cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"
     lines.append(f"  torch           {torch.__version__}{cuda}")
-    for package in ("torch_xla", "notebook-accel", "ipykernel", "ipywidgets", "jupyterlab",
-                    "accelerate", "torchao"):
+    for package in (
+        "torch_xla",
+        "notebook-accel",
+        "ipykernel",
+        "ipywidgets",
+        "jupyterlab",
+        "accelerate",
+        "torchao",
+    ):
         lines.append(f"  {package:<15} {version(package)}")
     hardware = detect()
-    lines += ["Hardware", f"  accelerator     {hardware.accelerator}",
-              f"  CPU cores       {hardware.cpu_cores}",
-              f"  memory          {fmt.size(hardware.ram_bytes)}"]
+    lines += [
+        "Hardware",
+        f"  accelerator     {hardware.accelerator}",
+        f"  CPU cores       {hardware.cpu_cores}",
+        f"  memory          {fmt.size(hardware.ram_bytes)}",
+    ]
     for gpu in hardware.gpus:
         capability = f" compute {gpu.capability[0]}.{gpu.capability[1]}" if gpu.capability else ""
         lines.append(f"  GPU {gpu.index:<11} {gpu.name}, {fmt.size(gpu.memory_bytes)}{capability}")
     if hardware.tpu_cores:
         lines.append(f"  TPU cores       {hardware.tpu_cores}")
-    relevant = sorted(name for name in os.environ
-                      if name.startswith(ENV_PREFIXES) or name in ENV_NAMES)
+    relevant = sorted(
+        name for name in os.environ if name.startswith(ENV_PREFIXES) or name in ENV_NAMES
+    )
     lines.append("Environment")
     lines += [f"  {name}={os.environ[name]}" for name in relevant] or ["  (none set)"]
     return "\n".join(lines)
@@ -145,20 +183,49 @@ def run_config(options: argparse.Namespace) -> int:
         print(f"{options.check}: valid")
         return 0
     config = LaunchConfig.load(options.file) if os.path.exists(options.file) else LaunchConfig()
-    for name in ("backend", "num_processes", "mixed_precision", "gradient_accumulation_steps",
-                 "num_nodes", "node_rank", "master_addr", "use_port", "max_restarts",
-                 "timeout"):
+    for name in (
+        "backend",
+        "num_processes",
+        "mixed_precision",
+        "gradient_accumulation_steps",
+        "num_nodes",
+        "node_rank",
+        "master_addr",
+        "use_port",
+        "max_restarts",
+        "timeout",
+    ):
         value = getattr(options, name)
         if value is not None:
             setattr(config, name, value)
     if options.devices is not None:
         config.devices = [int(part) for part in options.devices.split(",") if part.strip()]
+    config.fsdp = fsdp_choice(options, config.fsdp)
     # Check the values the same way a file is checked before writing them.
     LaunchConfig.from_yaml(config.to_yaml(), source="the options")
     config.save(options.file)
     print(config.to_yaml(), end="")
     print(f"written to {options.file}")
     return 0
+
+
+def fsdp_choice(options: argparse.Namespace, current: dict | None) -> dict | None:
+    """The `fsdp` section after the --fsdp options (merged into the file's section)."""
+    from notebook_accel.config import normalize_fsdp
+
+    if options.fsdp is False:
+        return None
+    changes = {
+        "transformer_cls_names_to_wrap": options.fsdp_wrap_classes,
+        "min_num_params": options.fsdp_min_num_params,
+        "reshard_after_forward": options.fsdp_reshard_after_forward,
+        "cpu_offload": options.fsdp_cpu_offload,
+        "state_dict_type": options.fsdp_state_dict_type,
+    }
+    changes = {key: value for key, value in changes.items() if value is not None}
+    if not options.fsdp and not changes:
+        return current
+    return normalize_fsdp({**(current or {}), **changes})
 
 
 # -- launch ----------------------------------------------------------------------
@@ -185,25 +252,36 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
         raise ValueError(f"no script at {options.script!r}")
     hardware = hardware_module.detect()
     backend = BACKENDS[config.backend or hardware.accelerator]
-    processes = options.num_processes or config.num_processes or backend.default_num_processes(
-        hardware)
+    processes = (
+        options.num_processes or config.num_processes or backend.default_num_processes(hardware)
+    )
     precision = normalize_precision(options.mixed_precision or config.mixed_precision)
     problem = backend.precision_problem(precision, hardware)
     if problem:
         raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}")
     node_rank = config.node_rank if options.node_rank is None else options.node_rank
-    command = [sys.executable, "-m", "torch.distributed.run",
-               f"--nproc-per-node={processes}", f"--nnodes={config.num_nodes}"]
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={processes}",
+        f"--nnodes={config.num_nodes}",
+    ]
     if config.num_nodes == 1 and config.use_port is None:
         command.append("--standalone")
     else:
         port = config.use_port or 29500
-        command += [f"--node-rank={node_rank}", f"--master-addr={config.master_addr}",
-                    f"--master-port={port}"]
+        command += [
+            f"--node-rank={node_rank}",
+            f"--master-addr={config.master_addr}",
+            f"--master-port={port}",
+        ]
     if config.max_restarts:
         command.append(f"--max-restarts={config.max_restarts}")
     command += [options.script, *options.script_args]
-    env = LaunchSettings(backend.name, precision, config.gradient_accumulation_steps).to_env()
+    env = LaunchSettings(
+        backend.name, precision, config.gradient_accumulation_steps, fsdp=config.fsdp
+    ).to_env()
     if config.devices is not None:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in config.devices)
     return command, env
@@ -243,19 +321,27 @@ def self_check() -> dict[str, Any]:
     optimizer.step()
     weights = accelerator.gather(accelerator.unwrap_model(model).weight.detach().flatten())
     checks["ddp_step"] = bool(torch.allclose(weights.view(world, -1), weights.view(world, -1)[0]))
-    return {"world_size": world, "device": str(accelerator.device),
-            "backend": accelerator.distributed_type.value if hasattr(
-                accelerator.distributed_type, "value") else str(accelerator.distributed_type),
-            "checks": checks}
+    return {
+        "world_size": world,
+        "device": str(accelerator.device),
+        "backend": accelerator.distributed_type.value
+        if hasattr(accelerator.distributed_type, "value")
+        else str(accelerator.distributed_type),
+        "checks": checks,
+    }
 
 
 def run_self_check(options: argparse.Namespace) -> int:
     from notebook_accel import WorkerError, notebook_launcher
 
     try:
-        report = notebook_launcher(self_check, num_processes=options.processes,
-                                   backend="cpu" if options.cpu else None, timeout=120,
-                                   live=False)
+        report = notebook_launcher(
+            self_check,
+            num_processes=options.processes,
+            backend="cpu" if options.cpu else None,
+            timeout=120,
+            live=False,
+        )
     except (WorkerError, TimeoutError) as error:
         print(f"FAILED: {error}")
         return 1

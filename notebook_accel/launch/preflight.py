@@ -14,14 +14,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.config import LaunchSettings, normalize_fsdp, normalize_precision
+from notebook_accel.config import (
+    RENDEZVOUS_TIMEOUT_SECONDS,
+    LaunchSettings,
+    normalize_fsdp,
+    normalize_precision,
+)
 from notebook_accel.launch import hardware as hardware_module
 from notebook_accel.launch.backends import BACKENDS, Backend
 from notebook_accel.launch.observers import OUTPUT_CHOICES
 
 DEFAULT_MULTINODE_PORT = 29500
-# How long workers may take to meet at the rendezvous store.
-RENDEZVOUS_TIMEOUT_SECONDS = 120.0
 
 # Options Accelerate's notebook_launcher takes that have no use here; the
 # defaults are accepted so that ported code runs unchanged.
@@ -125,6 +128,7 @@ class LaunchPlan:
             worker_environment=lambda local_rank: self.backend.worker_environment(
                 local_rank, self.devices
             ),
+            run=self.backend.run_in_worker,
         )
 
 
@@ -171,12 +175,19 @@ def plan_launch(
 
     hardware = hardware or hardware_module.detect()
     chosen = _choose_backend(backend, devices, hardware)
+    chosen.check_available(hardware)
+    if num_nodes > 1 and not chosen.supports_multinode:
+        raise ValueError(
+            f"num_nodes={num_nodes}: the {chosen.name} backend runs on one machine; "
+            "start each machine's processes with its own launcher (for TPU pods, torch_xla's)."
+        )
     available = chosen.device_count(hardware)
     if num_processes is None:
         num_processes = chosen.default_num_processes(hardware)
         if num_processes < 1:
             raise RuntimeError(f"this machine has no {chosen.device_noun} to run on.")
     _check_devices_fit(chosen, num_processes, devices, available)
+    local_processes = chosen.worker_processes(num_processes, hardware)
 
     precision = normalize_precision(mixed_precision)
     problem = chosen.precision_problem(precision, hardware)
@@ -210,7 +221,7 @@ def plan_launch(
         kwargs=kwargs,
         backend=chosen,
         settings=LaunchSettings(chosen.name, precision, accumulation, fsdp=_check_fsdp(fsdp)),
-        local_world_size=num_processes,
+        local_world_size=local_processes,
         num_nodes=num_nodes,
         node_rank=node_rank,
         master_addr=master_addr.strip(),
@@ -221,7 +232,7 @@ def plan_launch(
         return_all=bool(return_all),
         output=output,
         threads_per_process=threads,
-        single_in_process=single_in_process,
+        single_in_process=single_in_process and chosen.single_worker_in_process,
     )
     if plan.in_process:
         if timeout is not None:
