@@ -32,6 +32,9 @@ _EXPORTS = {
     "GradScalerKwargs": "notebook_accel.kwargs",
     "InitProcessGroupKwargs": "notebook_accel.kwargs",
     "ProjectConfiguration": "notebook_accel.kwargs",
+    "CheckpointError": "notebook_accel.checkpoint",
+    "latest_checkpoint": "notebook_accel.checkpoint",
+    "load_model_weights": "notebook_accel.checkpoint",
     "DistributedType": "notebook_accel.state",
     "set_seed": "notebook_accel.seeding",
     "get_logger": "notebook_accel.logging",
@@ -43,6 +46,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from notebook_accel.accelerator import Accelerator
+    from notebook_accel.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
     from notebook_accel.config import LaunchConfig, LaunchSettings
     from notebook_accel.kwargs import (
         AutocastKwargs,

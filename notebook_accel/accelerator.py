@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 from notebook_accel import compile as compiling
 from notebook_accel import fsdp, ops
 from notebook_accel.config import LaunchSettings
-from notebook_accel.data import DataLoaderShard, prepare_data_loader
+from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
 from notebook_accel.kwargs import (
     AutocastKwargs,
     DataLoaderConfiguration,
@@ -123,6 +123,7 @@ class Accelerator:
         self._optimizers: list[AcceleratedOptimizer] = []
         self._schedulers: list[AcceleratedScheduler] = []
         self._dataloaders: list[DataLoaderShard] = []
+        self._custom_objects: list[Any] = []
 
     # -- who and where ------------------------------------------------------------
 
@@ -579,6 +580,80 @@ class Accelerator:
         shares have equal length (handy before `gather`).
         """
         yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+
+    # -- checkpoints --------------------------------------------------------------------
+
+    def save_state(
+        self, output_dir: str | os.PathLike | None = None, safe_serialization: bool = True
+    ) -> str:
+        """Save everything needed to resume this run exactly; returns the directory.
+
+        Saves every prepared model, optimizer and scheduler, the fp16 loss
+        scaler, the random generators of every process, the step counter, where
+        each prepared DataLoader stands (mid-epoch too), and the objects given to
+        `register_for_checkpointing`. Every process must call it. The directory
+        appears complete or not at all. With
+        `ProjectConfiguration(automatic_checkpoint_naming=True)` it is
+        `project_dir/checkpoints/checkpoint_N` and `total_limit` old ones are kept.
+        See `notebook_accel.checkpoint` for the files.
+        """
+        from notebook_accel import checkpoint
+
+        return str(checkpoint.save_state(self, output_dir, safe_serialization))
+
+    def load_state(self, input_dir: str | os.PathLike | None = None) -> str:
+        """Restore what `save_state` saved; returns the directory it loaded.
+
+        Without `input_dir`, loads the newest complete checkpoint of an
+        automatically named project. Prepare and register the same objects
+        first. Afterwards each prepared DataLoader's next pass continues the
+        saved epoch where it stopped. A missing, corrupted or mismatched
+        checkpoint raises `CheckpointError` on every process and changes nothing.
+        """
+        from notebook_accel import checkpoint
+
+        return str(checkpoint.load_state(self, input_dir))
+
+    def register_for_checkpointing(self, *objects: Any) -> None:
+        """Include `objects` (each with `state_dict` and `load_state_dict`) in checkpoints."""
+        for obj in objects:
+            if not (
+                callable(getattr(obj, "state_dict", None))
+                and callable(getattr(obj, "load_state_dict", None))
+            ):
+                raise TypeError(
+                    f"register_for_checkpointing got a {type(obj).__name__}, which has no "
+                    "state_dict() and load_state_dict() methods."
+                )
+        self._custom_objects.extend(objects)
+
+    def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
+        """`dataloader` without the first `num_batches` batches of its next passes.
+
+        For resuming in the middle of an epoch the way Accelerate does it. With a
+        prepared DataLoader the skipped batches are not read and no random
+        generator moves, so the resumed run matches an uninterrupted one.
+        """
+        return SkipFirstBatches(dataloader, num_batches)
+
+    def save_model(
+        self,
+        model: torch.nn.Module,
+        save_directory: str | os.PathLike,
+        max_shard_size: int | str = "10GB",
+        safe_serialization: bool = True,
+    ) -> None:
+        """Write the unwrapped model's weights, sharded, on the main process.
+
+        safetensors by default, with an index file when there are several
+        shards; `notebook_accel.load_model_weights` reads them into a plain model.
+        """
+        from notebook_accel import checkpoint
+
+        if self.is_main_process:
+            checkpoint.save_model(
+                self.unwrap_model(model), save_directory, max_shard_size, safe_serialization
+            )
 
     # -- housekeeping -----------------------------------------------------------------
 

@@ -1,0 +1,678 @@
+"""Checkpoints: `save_state`/`load_state` for a whole training run, `save_model` for weights.
+
+A checkpoint is a directory (file names follow Accelerate's):
+
+    model.safetensors, model_1.safetensors, ...   each prepared model's weights
+    optimizer.bin, optimizer_1.bin, ...           each optimizer's state
+    scheduler.bin, scheduler_1.bin, ...           each scheduler's state
+    scaler.pt                                     the fp16 loss scaler
+    custom_checkpoint_0.pkl, ...                  objects given to register_for_checkpointing
+    random_states_{rank}.pkl                      every random generator of each rank
+    loop_state_{rank}.pkl                         each rank's step counter and DataLoader positions
+    checkpoint.json                               what the checkpoint holds; written last
+
+The main process writes the shared files, each rank its own. Everything is
+written into a hidden directory beside the target (`.NAME.partial`); when
+every rank has finished, the main process writes `checkpoint.json` and renames
+the directory into place. A process killed during a save therefore leaves the
+previous checkpoints as they were, and a half-written directory is never taken
+for a checkpoint.
+
+Loading reads and checks every file on every rank before anything is changed;
+if any rank finds a problem, every rank raises `CheckpointError` and no state
+is overwritten.
+
+The `.bin`/`.pt`/`.pkl` files are pickles: load only checkpoints you trust.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from notebook_accel import ops
+from notebook_accel.seeding import rng_states, set_rng_states
+
+if TYPE_CHECKING:
+    from notebook_accel.accelerator import Accelerator
+
+FORMAT_VERSION = 1
+MANIFEST = "checkpoint.json"
+CHECKPOINTS_FOLDER = "checkpoints"
+SAFE_WEIGHTS = "model.safetensors"
+PICKLED_WEIGHTS = "pytorch_model.bin"
+_NUMBERED = re.compile(r"checkpoint_(\d+)")
+
+# Called with each file's path right after a save has written it. Tests set it
+# to stop a process between two files of a save.
+after_file_written: Callable[[Path], None] | None = None
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be loaded: missing, incomplete, corrupted, or for another run."""
+
+
+# -- finding checkpoints ------------------------------------------------------------
+
+
+def list_checkpoints(folder: str | os.PathLike) -> list[Path]:
+    """The complete `checkpoint_N` directories in `folder`, oldest (lowest N) first.
+
+    A directory without `checkpoint.json` is not complete and is left out.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    found = []
+    for entry in folder.iterdir():
+        match = _NUMBERED.fullmatch(entry.name)
+        if match and (entry / MANIFEST).is_file():
+            found.append((int(match.group(1)), entry))
+    return [path for _, path in sorted(found)]
+
+
+def latest_checkpoint(project_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint saved with automatic naming under `project_dir`, or None."""
+    found = list_checkpoints(Path(project_dir) / CHECKPOINTS_FOLDER)
+    return found[-1] if found else None
+
+
+# -- save_state -----------------------------------------------------------------------
+
+
+def save_state(
+    accelerator: Accelerator, output_dir: str | os.PathLike | None, safe_serialization: bool
+) -> Path:
+    """Write the whole training state of every rank atomically; returns the directory."""
+    target = _save_target(accelerator, output_dir)
+    partial = target.parent / f".{target.name}.partial"
+    if accelerator.is_main_process:
+        _fresh_directory(partial)
+    accelerator.wait_for_everyone()  # the directory exists before anyone writes into it
+    _warn_if_accumulating(accelerator)
+    _write_rank_files(accelerator, partial)
+    if accelerator.is_main_process:
+        _write_shared_files(accelerator, partial, safe_serialization)
+    accelerator.wait_for_everyone()  # every rank's files are in
+    if accelerator.is_main_process:
+        _write_manifest(accelerator, partial)
+        _move_into_place(partial, target)
+        _rotate(accelerator, target.parent)
+    accelerator.wait_for_everyone()  # nobody goes on before the checkpoint is in place
+    if accelerator.project_configuration.automatic_checkpoint_naming:
+        accelerator.project_configuration.iteration += 1
+    return target
+
+
+def _save_target(accelerator: Accelerator, output_dir: str | os.PathLike | None) -> Path:
+    config = accelerator.project_configuration
+    if not config.automatic_checkpoint_naming:
+        if output_dir is None:
+            raise ValueError(
+                "save_state() needs output_dir, or an Accelerator with "
+                "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+            )
+        return Path(output_dir).absolute()
+    if config.project_dir is None:
+        raise ValueError(
+            "automatic_checkpoint_naming=True needs ProjectConfiguration(project_dir=...)."
+        )
+    target = (
+        Path(config.project_dir).absolute() / CHECKPOINTS_FOLDER / f"checkpoint_{config.iteration}"
+    )
+    if target.exists():
+        raise FileExistsError(
+            f"{target} already exists and is not overwritten. Call load_state() first to "
+            "continue from the newest checkpoint, or set ProjectConfiguration(iteration=...) "
+            "to the next free number."
+        )
+    return target
+
+
+def _warn_if_accumulating(accelerator: Accelerator) -> None:
+    if not accelerator.sync_gradients and accelerator.is_main_process:
+        warnings.warn(
+            "save_state() in the middle of gradient accumulation: the gradients accumulated "
+            "since the last optimizer step are not saved. Save right after an optimizer step "
+            "(when accelerator.sync_gradients is True) for an exact resume.",
+            stacklevel=3,
+        )
+
+
+def _fresh_directory(path: Path) -> None:
+    if path.exists():
+        shutil.rmtree(path)  # left by a save that was interrupted
+    path.mkdir(parents=True)
+
+
+def _write_rank_files(accelerator: Accelerator, folder: Path) -> None:
+    rank = accelerator.process_index
+    _write_file(folder / f"random_states_{rank}.pkl", rng_states(), torch.save)
+    loop = {
+        "step": accelerator.step,
+        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
+    }
+    _write_file(folder / f"loop_state_{rank}.pkl", loop, torch.save)
+
+
+def _write_shared_files(accelerator: Accelerator, folder: Path, safe: bool) -> None:
+    for i, model in enumerate(accelerator._models):
+        name = _numbered(SAFE_WEIGHTS if safe else PICKLED_WEIGHTS, i)
+        _write_weights(folder / name, model_tensors(accelerator.unwrap_model(model)), safe)
+    for i, optimizer in enumerate(accelerator._optimizers):
+        _write_file(folder / _numbered("optimizer.bin", i), optimizer.state_dict(), torch.save)
+    for i, scheduler in enumerate(accelerator._schedulers):
+        _write_file(folder / _numbered("scheduler.bin", i), scheduler.state_dict(), torch.save)
+    if accelerator.scaler is not None:
+        _write_file(folder / "scaler.pt", accelerator.scaler.state_dict(), torch.save)
+    for i, obj in enumerate(accelerator._custom_objects):
+        _write_file(folder / f"custom_checkpoint_{i}.pkl", obj.state_dict(), torch.save)
+
+
+def _numbered(name: str, index: int) -> str:
+    """Accelerate's naming: the first object's file is `name`, the next `stem_1.ext`, ..."""
+    if index == 0:
+        return name
+    stem, ext = name.split(".", 1)
+    return f"{stem}_{index}.{ext}"
+
+
+def _write_manifest(accelerator: Accelerator, folder: Path) -> None:
+    files = {path.name: path.stat().st_size for path in sorted(folder.iterdir())}
+    for rank in range(accelerator.num_processes):
+        for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
+            if name not in files:
+                raise RuntimeError(f"rank {rank} did not write {folder / name}")
+    manifest = {
+        "format": FORMAT_VERSION,
+        "world_size": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+        "iteration": accelerator.project_configuration.iteration,
+        "models": len(accelerator._models),
+        "optimizers": len(accelerator._optimizers),
+        "schedulers": len(accelerator._schedulers),
+        "custom_objects": len(accelerator._custom_objects),
+        "dataloaders": len(accelerator._dataloaders),
+        "files": files,
+    }
+    _write_file(folder / MANIFEST, manifest, _write_json)
+
+
+def _move_into_place(partial: Path, target: Path) -> None:
+    """Rename the finished directory to `target`, replacing an older one of that name."""
+    previous = target.parent / f".{target.name}.previous"
+    if previous.exists():
+        shutil.rmtree(previous)
+    if target.exists():
+        target.rename(previous)  # a directory cannot be renamed over a non-empty one
+    partial.rename(target)
+    _fsync(target.parent)  # make the rename itself durable
+    if previous.exists():
+        shutil.rmtree(previous)
+
+
+def _rotate(accelerator: Accelerator, folder: Path) -> None:
+    """Remove the oldest automatically named checkpoints beyond `total_limit`."""
+    config = accelerator.project_configuration
+    if not config.automatic_checkpoint_naming or not config.total_limit:
+        return
+    found = list_checkpoints(folder)
+    for old in found[: max(len(found) - config.total_limit, 0)]:
+        shutil.rmtree(old)
+
+
+# -- writing files ----------------------------------------------------------------------
+
+
+def _write_file(path: Path, obj: Any, write: Callable[[Any, Any], None]) -> None:
+    """Write `obj` to `path` with `write(obj, file)`, then flush it to disk."""
+    with open(path, "wb") as file:
+        write(obj, file)
+    _finish(path)
+
+
+def _write_json(obj: Any, file: Any) -> None:
+    file.write(json.dumps(obj, indent=2).encode())
+
+
+def _write_weights(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> None:
+    if not safe:
+        _write_file(path, tensors, torch.save)
+        return
+    from safetensors.torch import save_file
+
+    # "format": "pt" is what Hugging Face loaders expect in the header.
+    save_file(tensors, path, metadata={"format": "pt"})
+    _finish(path)
+
+
+def _finish(path: Path) -> None:
+    """Flush a written file to disk (a crash after the rename must not leave it empty)."""
+    _fsync(path)
+    if after_file_written is not None:
+        after_file_written(path)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- model weights ------------------------------------------------------------------------
+
+
+def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s state dict as standalone CPU tensors, each shared tensor once.
+
+    Tied weights (one tensor under several names) are kept under their first
+    name only; loading restores the others through the tie. Views are copied
+    so that no two saved tensors share memory (safetensors refuses that).
+    """
+    tensors: dict[str, torch.Tensor] = {}
+    seen: set[tuple] = set()
+    for name, tensor in model.state_dict().items():
+        key = _identity(tensor)
+        if key in seen:
+            continue
+        seen.add(key)
+        tensor = tensor.detach().cpu().contiguous()
+        if tensor.untyped_storage().nbytes() != tensor.nbytes:
+            tensor = tensor.clone()
+        tensors[name] = tensor
+    return tensors
+
+
+def _identity(tensor: torch.Tensor) -> tuple:
+    """What makes two state-dict entries the same tensor (a tied weight)."""
+    return (
+        tensor.device,
+        tensor.untyped_storage().data_ptr(),
+        tensor.storage_offset(),
+        tuple(tensor.shape),
+        tuple(tensor.stride()),
+        tensor.dtype,
+    )
+
+
+def _weight_problems(
+    tensors: dict[str, torch.Tensor], model: torch.nn.Module, strict: bool = True
+) -> list[str]:
+    """How `tensors` do not fit `model` (names, shapes); empty when they do."""
+    expected = model.state_dict()
+    present = {_identity(expected[name]) for name in tensors if name in expected}
+    problems = []
+    for name, tensor in tensors.items():
+        if name not in expected:
+            if strict:
+                problems.append(f"{name} is not in the model")
+        elif tensor.shape != expected[name].shape:
+            problems.append(
+                f"{name} has shape {list(tensor.shape)} in the file but "
+                f"{list(expected[name].shape)} in the model"
+            )
+    for name, tensor in expected.items():
+        # A missing name is fine when it is tied to a tensor the file holds.
+        if name not in tensors and strict and _identity(tensor) not in present:
+            problems.append(f"{name} is missing from the file")
+    return problems
+
+
+def _load_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
+    model.load_state_dict(tensors, strict=False)
+
+
+# -- load_state -----------------------------------------------------------------------------
+
+
+@dataclass
+class _Checkpoint:
+    """Everything one rank reads from a checkpoint, checked but not yet applied."""
+
+    folder: Path
+    manifest: dict
+    models: list[dict[str, torch.Tensor]] = field(default_factory=list)
+    optimizers: list[dict] = field(default_factory=list)
+    schedulers: list[dict] = field(default_factory=list)
+    scaler: dict | None = None
+    custom_objects: list[Any] = field(default_factory=list)
+    random_states: dict = field(default_factory=dict)
+    loop: dict = field(default_factory=dict)
+
+
+def load_state(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
+    """Restore what `save_state` wrote, on every rank, or change nothing; returns the directory."""
+    folder = _load_source(accelerator, input_dir)
+    checkpoint, problem = None, None
+    try:
+        checkpoint = _read(accelerator, folder)
+    except CheckpointError as error:
+        problem = str(error)
+    # Every rank must agree before any state changes: one bad file stops them all.
+    problems = [p for p in ops.gather_object([problem]) if p]
+    if problems:
+        raise CheckpointError(problem or problems[0])
+    assert checkpoint is not None
+    _apply(accelerator, checkpoint)
+    _continue_numbering(accelerator, folder)
+    return folder
+
+
+def _load_source(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
+    if input_dir is not None:
+        folder = Path(input_dir).absolute()
+    else:
+        config = accelerator.project_configuration
+        if not config.automatic_checkpoint_naming or config.project_dir is None:
+            raise ValueError(
+                "load_state() needs input_dir, or an Accelerator with "
+                "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+            )
+        # The main process chooses, so every rank loads the same one.
+        newest = [latest_checkpoint(config.project_dir)]
+        ops.broadcast_object_list(newest)
+        if newest[0] is None:
+            raise CheckpointError(
+                f"no complete checkpoint in {Path(config.project_dir) / CHECKPOINTS_FOLDER}"
+            )
+        folder = newest[0]
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such checkpoint directory")
+    return folder
+
+
+def _read(accelerator: Accelerator, folder: Path) -> _Checkpoint:
+    manifest = _read_manifest(folder)
+    _check_setup(accelerator, folder, manifest)
+    _check_sizes(folder, manifest["files"])
+    rank = accelerator.process_index
+    checkpoint = _Checkpoint(folder, manifest)
+    for i, model in enumerate(accelerator._models):
+        checkpoint.models.append(_read_weights(folder, i, accelerator.unwrap_model(model)))
+    for i, optimizer in enumerate(accelerator._optimizers):
+        path = folder / _numbered("optimizer.bin", i)
+        checkpoint.optimizers.append(_check_optimizer(path, _read_pickle(path), optimizer))
+    for i in range(len(accelerator._schedulers)):
+        checkpoint.schedulers.append(_read_pickle(folder / _numbered("scheduler.bin", i)))
+    if accelerator.scaler is not None and "scaler.pt" in manifest["files"]:
+        checkpoint.scaler = _read_pickle(folder / "scaler.pt")
+    for i in range(len(accelerator._custom_objects)):
+        checkpoint.custom_objects.append(_read_pickle(folder / f"custom_checkpoint_{i}.pkl"))
+    checkpoint.random_states = _read_pickle(folder / f"random_states_{rank}.pkl")
+    checkpoint.loop = _read_pickle(folder / f"loop_state_{rank}.pkl")
+    return checkpoint
+
+
+def _read_manifest(folder: Path) -> dict:
+    path = folder / MANIFEST
+    if not path.is_file():
+        raise CheckpointError(
+            f"{folder} is not a complete checkpoint: {MANIFEST} is missing "
+            "(a save_state that did not finish, or not a checkpoint directory)"
+        )
+    try:
+        manifest = json.loads(path.read_text())
+        manifest["files"], manifest["world_size"]  # noqa: B018 (the keys must be there)
+    except (ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"{path} is corrupted: {error}") from None
+    if manifest.get("format") != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{path}: checkpoint format {manifest.get('format')}, this version reads "
+            f"{FORMAT_VERSION}"
+        )
+    return manifest
+
+
+def _check_setup(accelerator: Accelerator, folder: Path, manifest: dict) -> None:
+    """The checkpoint was made by a run shaped like this one."""
+    path = folder / MANIFEST
+    if manifest["world_size"] != accelerator.num_processes:
+        raise CheckpointError(
+            f"{path}: saved by {manifest['world_size']} processes, but this run has "
+            f"{accelerator.num_processes}. Resume with num_processes={manifest['world_size']}."
+        )
+    counts = {
+        "models": accelerator._models,
+        "optimizers": accelerator._optimizers,
+        "schedulers": accelerator._schedulers,
+        "custom_objects": accelerator._custom_objects,
+        "dataloaders": accelerator._dataloaders,
+    }
+    for kind, mine in counts.items():
+        if manifest.get(kind, 0) != len(mine):
+            raise CheckpointError(
+                f"{path}: the checkpoint holds {manifest.get(kind, 0)} {kind}, but this "
+                f"Accelerator has {len(mine)}. Prepare (or register) the same objects, in "
+                "the same order, before load_state()."
+            )
+
+
+def _check_sizes(folder: Path, files: dict[str, int]) -> None:
+    for name, size in files.items():
+        path = folder / name
+        if not path.is_file():
+            raise CheckpointError(f"{path} is missing from the checkpoint")
+        if path.stat().st_size != size:
+            raise CheckpointError(
+                f"{path} is corrupted: {path.stat().st_size} bytes, {size} when it was saved"
+            )
+
+
+def _read_weights(folder: Path, index: int, model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    safe = folder / _numbered(SAFE_WEIGHTS, index)
+    path = safe if safe.is_file() else folder / _numbered(PICKLED_WEIGHTS, index)
+    tensors = _read_tensor_file(path)
+    problems = _weight_problems(tensors, model)
+    if problems:
+        raise CheckpointError(
+            f"{path} does not fit model {index} ({type(model).__name__}): "
+            + "; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        )
+    return tensors
+
+
+def _read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing")
+    try:
+        if path.suffix == ".safetensors":
+            from safetensors.torch import load_file
+
+            return load_file(path, device="cpu")
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # safetensors and pickle raise many kinds
+        raise CheckpointError(f"{path} is corrupted or not a weights file: {error}") from None
+
+
+def _read_pickle(path: Path) -> Any:
+    if not path.is_file():
+        raise CheckpointError(f"{path} is missing from the checkpoint")
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as error:  # a truncated or damaged pickle raises many kinds
+        raise CheckpointError(f"{path} is corrupted: {type(error).__name__}: {error}") from None
+
+
+def _check_optimizer(path: Path, saved: Any, optimizer: Any) -> dict:
+    """`saved` is a state dict for `optimizer`: same groups with the same number of parameters."""
+    if not isinstance(saved, dict) or "param_groups" not in saved:
+        raise CheckpointError(f"{path} does not hold an optimizer state")
+    theirs = [len(group["params"]) for group in saved["param_groups"]]
+    mine = [len(group["params"]) for group in optimizer.param_groups]
+    if theirs != mine:
+        raise CheckpointError(
+            f"{path}: the saved optimizer has parameter groups of sizes {theirs}, this one "
+            f"{mine}; the model or the optimizer differs from the saved run"
+        )
+    return saved
+
+
+def _apply(accelerator: Accelerator, checkpoint: _Checkpoint) -> None:
+    for model, tensors in zip(accelerator._models, checkpoint.models, strict=True):
+        _load_tensors(accelerator.unwrap_model(model), tensors)
+    for optimizer, state in zip(accelerator._optimizers, checkpoint.optimizers, strict=True):
+        optimizer.load_state_dict(state)
+    for scheduler, state in zip(accelerator._schedulers, checkpoint.schedulers, strict=True):
+        scheduler.load_state_dict(state)
+    if checkpoint.scaler is not None:
+        accelerator.scaler.load_state_dict(checkpoint.scaler)
+    for obj, state in zip(accelerator._custom_objects, checkpoint.custom_objects, strict=True):
+        obj.load_state_dict(state)
+    accelerator.step = checkpoint.loop["step"]
+    loaders = checkpoint.loop["dataloaders"]
+    for loader, state in zip(accelerator._dataloaders, loaders, strict=True):
+        loader.load_state_dict(state)
+    set_rng_states(checkpoint.random_states)  # last: nothing after this may draw
+
+
+def _continue_numbering(accelerator: Accelerator, folder: Path) -> None:
+    """After loading checkpoint_N, automatic naming saves checkpoint_N+1 next (as Accelerate)."""
+    match = _NUMBERED.fullmatch(folder.name)
+    if accelerator.project_configuration.automatic_checkpoint_naming and match:
+        accelerator.project_configuration.iteration = int(match.group(1)) + 1
+
+
+# -- save_model and its loader ------------------------------------------------------------------
+
+
+def save_model(
+    model: torch.nn.Module,
+    save_directory: str | os.PathLike,
+    max_shard_size: int | str = "10GB",
+    safe_serialization: bool = True,
+) -> list[Path]:
+    """Write `model`'s weights to `save_directory`, in shards of at most `max_shard_size`.
+
+    One shard is `model.safetensors` (`pytorch_model.bin` without safe
+    serialization); more are `model-00001-of-00003.safetensors`, ... with an
+    index `model.safetensors.index.json` mapping each weight to its shard,
+    the layout Hugging Face libraries read. Each file is written under a
+    temporary name and renamed; shards of an earlier save that the new one
+    does not use are removed. Returns the files written.
+    """
+    folder = Path(save_directory)
+    folder.mkdir(parents=True, exist_ok=True)
+    base = SAFE_WEIGHTS if safe_serialization else PICKLED_WEIGHTS
+    shards = _shard(model_tensors(model), parse_size(max_shard_size))
+    names = _shard_names(base, len(shards))
+    written = []
+    for name, shard in zip(names, shards, strict=True):
+        written.append(_replace_file(folder / name, shard, safe_serialization))
+    index = folder / f"{base}.index.json"
+    if len(shards) > 1:
+        weight_map = {key: name for name, shard in zip(names, shards, strict=True) for key in shard}
+        total = sum(t.nbytes for shard in shards for t in shard.values())
+        content = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        written.append(_replace_file(index, content, None))
+    elif index.exists():
+        index.unlink()
+    _remove_stale_shards(folder, base, keep=set(names))
+    return written
+
+
+def parse_size(size: int | str) -> int:
+    """Bytes in `size`: an int, or a string such as "10GB" (10**9) or "500MiB" (2**20 each)."""
+    if isinstance(size, int):
+        return size
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(([KMGT]I?)?B)\s*", size.upper())
+    if not match:
+        raise ValueError(
+            f"max_shard_size={size!r}; write a number of bytes or e.g. '5GB', '500MB'."
+        )
+    number, unit = float(match.group(1)), match.group(2)
+    power = "BKMGT".index(unit[0])
+    return int(number * (1024 if "I" in unit else 1000) ** power)
+
+
+def _shard(tensors: dict[str, torch.Tensor], limit: int) -> list[dict[str, torch.Tensor]]:
+    """Split `tensors`, in order, into groups of at most `limit` bytes (a bigger tensor alone)."""
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name, tensor in tensors.items():
+        if shards[-1] and size + tensor.nbytes > limit:
+            shards.append({})
+            size = 0
+        shards[-1][name] = tensor
+        size += tensor.nbytes
+    return shards
+
+
+def _shard_names(base: str, count: int) -> list[str]:
+    if count == 1:
+        return [base]
+    stem, ext = base.split(".", 1)
+    return [f"{stem}-{i:05d}-of-{count:05d}.{ext}" for i in range(1, count + 1)]
+
+
+def _replace_file(path: Path, content: Any, safe: bool | None) -> Path:
+    """Write `content` beside `path`, then rename it over `path` (never a half-written file)."""
+    temporary = path.with_name(f".{path.name}.partial")
+    if safe is None:
+        _write_file(temporary, content, _write_json)
+    else:
+        _write_weights(temporary, content, safe)
+    os.replace(temporary, path)
+    return path
+
+
+def _remove_stale_shards(folder: Path, base: str, keep: set[str]) -> None:
+    stem, ext = base.split(".", 1)
+    pattern = re.compile(rf"{re.escape(stem)}(-\d{{5}}-of-\d{{5}})?\.{re.escape(ext)}")
+    for entry in folder.iterdir():
+        if pattern.fullmatch(entry.name) and entry.name not in keep:
+            entry.unlink()
+
+
+def load_model_weights(
+    model: torch.nn.Module, directory: str | os.PathLike, strict: bool = True
+) -> torch.nn.Module:
+    """Read weights written by `save_model` (sharded or not) into `model`; returns `model`.
+
+    Reads `model.safetensors` or `pytorch_model.bin`, or the shards an index
+    file names. Every shard is read and checked against the model before any
+    weight is changed. With `strict=False`, names that are not in both are skipped.
+    """
+    folder = Path(directory)
+    if not folder.is_dir():
+        raise CheckpointError(f"{folder}: no such directory")
+    tensors: dict[str, torch.Tensor] = {}
+    for path in _weight_files(folder):
+        tensors.update(_read_tensor_file(path))
+    problems = _weight_problems(tensors, model, strict=strict)
+    if problems:
+        raise CheckpointError(
+            f"the weights in {folder} do not fit {type(model).__name__}: "
+            + "; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+        )
+    expected = model.state_dict()
+    _load_tensors(model, {k: v for k, v in tensors.items() if k in expected})
+    return model
+
+
+def _weight_files(folder: Path) -> Iterable[Path]:
+    for base in (SAFE_WEIGHTS, PICKLED_WEIGHTS):
+        index = folder / f"{base}.index.json"
+        if index.is_file():
+            try:
+                weight_map = json.loads(index.read_text())["weight_map"]
+            except (ValueError, KeyError, TypeError) as error:
+                raise CheckpointError(f"{index} is corrupted: {error}") from None
+            return [folder / name for name in sorted(set(weight_map.values()))]
+        if (folder / base).is_file():
+            return [folder / base]
+    raise CheckpointError(
+        f"{folder} holds no model weights ({SAFE_WEIGHTS}, {PICKLED_WEIGHTS} or a sharded index)"
+    )
