@@ -1,0 +1,108 @@
+"""The teaching notebooks: each runs top to bottom in a real kernel, and is committed clean.
+
+Every notebook in notebooks/ is picked up, so a new one is tested without touching this file.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+import torch
+from nbclient import NotebookClient
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
+COLAB = (
+    "https://colab.research.google.com/github/notebook-accel/notebook-accel/blob/main/notebooks/"
+)
+
+# Lines a notebook must print: proof that it showed what its text says it shows. The
+# notebooks adapt to the hardware; these are what a machine without GPUs (CI, Binder) prints.
+EXPECTED_WITHOUT_GPUS = {
+    "01_quickstart.ipynb": [
+        "No GPU found: 2 CPU worker processes",
+        "epoch 5: loss",
+        "trained on 2 worker(s) (cpu): accuracy",
+        "on 2048 samples",
+        "80 steps logged; loss",
+    ],
+    "02_panel.ipynb": [
+        "precision chosen: ['bf16']",
+        "'precision': 'bf16', 'first layer computed in': 'torch.bfloat16'",
+        "status finished, precision bf16, 2 workers",
+    ],
+    "03_multi_gpu.ipynb": [
+        "No GPU found: falling back to 2 CPU worker processes",
+        "{'rank': 1, 'device': 'cpu', 'batches': 48",
+        "every worker ends with the same weights: True",
+        "CUDA initialised in this kernel: False",
+    ],
+    "04_collectives.ipynb": [
+        "rank 1: [10, 11]                     -> [0, 1, 10, 11]",
+        "rank 0: [1]                          -> [1.5]",
+        "rank 1: [200]                        -> [100]",
+        "rank 0: [0]                          -> [0, -1]",
+        "gather: 12 values; gather_for_metrics: 10 values",
+        "one per sample: True",
+    ],
+}
+
+# Notebooks whose launch shows widgets (the live view, the panel), not only text.
+SHOWS_WIDGETS = {"01_quickstart.ipynb", "02_panel.ipynb"}
+WIDGET_VIEW = "application/vnd.jupyter.widget-view+json"
+
+
+def output_text(notebook) -> str:
+    """Everything the notebook printed or displayed as text."""
+    parts = []
+    for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            parts.append(output.get("text", ""))
+            parts.append(output.get("data", {}).get("text/plain", ""))
+    return "\n".join(parts)
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, f"no notebooks found in {NOTEBOOKS_DIR}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
+def test_committed_without_outputs_and_with_a_colab_link(path):
+    notebook = nbformat.read(path, as_version=4)
+    nbformat.validate(notebook)
+    for index, cell in enumerate(notebook.cells):
+        if cell.cell_type == "code":
+            assert cell.outputs == [], f"cell {index} has stale outputs"
+            assert cell.execution_count is None, f"cell {index} has an execution count"
+    assert "widgets" not in notebook.metadata, "stale widget state in the metadata"
+    first = notebook.cells[0]
+    assert first.cell_type == "markdown"
+    assert COLAB + path.name in first.source
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
+def test_runs_top_to_bottom(path, tmp_path):
+    notebook = nbformat.read(path, as_version=4)
+    started = time.monotonic()
+    # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
+    NotebookClient(
+        notebook,
+        timeout=120,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},  # files it writes land in tmp
+    ).execute()
+    took = time.monotonic() - started
+    outputs = [output for cell in notebook.cells for output in cell.get("outputs", [])]
+    assert [output for output in outputs if output.output_type == "error"] == []
+    if path.name in SHOWS_WIDGETS:
+        assert any(WIDGET_VIEW in output.get("data", {}) for output in outputs)
+    text = output_text(notebook)
+    expected = [] if torch.cuda.device_count() else EXPECTED_WITHOUT_GPUS.get(path.name, [])
+    for line in expected:
+        assert line in text, f"{path.name} did not print {line!r}; it printed:\n{text}"
+    print(f"{path.name}: {took:.1f} s")
+    assert took < 60, f"{path.name} took {took:.0f} s; a teaching notebook must take under a minute"
