@@ -75,6 +75,10 @@ class StopSignal:
                 os.close(self._write)
 
 
+def _call(function: Callable[..., Any], args: tuple, kwargs: dict, *_placement: int) -> Any:
+    return function(*args, **kwargs)
+
+
 @dataclass
 class WorkerSpec:
     """Everything a worker needs, fixed before the first fork."""
@@ -89,6 +93,9 @@ class WorkerSpec:
     threads_per_process: int
     return_all: bool
     worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
+    # Calls the function in the worker: (function, args, kwargs, local_rank,
+    # local_world_size) -> value. The XLA backend runs it as a PJRT process.
+    run: Callable[..., Any] = _call
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.local_world_size + local_rank
@@ -388,7 +395,7 @@ def _worker_main(
     _send_progress_through(channel)
     exitcode = 0
     try:
-        value = spec.function(*spec.args, **spec.kwargs)
+        value = spec.run(spec.function, spec.args, spec.kwargs, local_rank, spec.local_world_size)
         _send_peak_resources(channel)
         if rank == spec.global_rank(0) or spec.return_all:
             _send_result(channel, value)
