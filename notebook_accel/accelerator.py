@@ -261,14 +261,20 @@ class Accelerator:
         """
         self._models.append(model)
         if device_placement if device_placement is not None else self.device_placement:
+            before = dict(model.named_parameters())
             model = model.to(self.device)
+            # Moved to an XLA device, parameters are new objects; optimizers made
+            # with the old ones are re-pointed when prepared, as for FSDP shards.
+            for name, parameter in model.named_parameters():
+                if name in before and before[name] is not parameter:
+                    self._shards.add(before[name], parameter)
         model = self.precision.prepare_model(model)
         trainable = any(p.requires_grad for p in model.parameters())
         if self.use_distributed and trainable and not evaluation_mode:
             if self.fsdp_plugin is not None:
                 shards = fsdp.shard_model(model, self.fsdp_plugin, self.precision.name, self.device)
                 self._shards.update(shards)
-            else:
+            elif self.state.backend.wraps_model_in_ddp:  # XLA averages at the step
                 kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {}
                 if self.device.type == "cuda":
                     kwargs["device_ids"] = [self.device.index]
@@ -282,7 +288,9 @@ class Accelerator:
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap `optimizer` so it skips accumulation steps and fp16 overflow steps."""
         fsdp.switch_optimizer_parameters(optimizer, self._shards)
-        wrapped = AcceleratedOptimizer(optimizer, self.gradient_state, self.scaler)
+        wrapped = AcceleratedOptimizer(
+            optimizer, self.gradient_state, self.scaler, backend=self.state.backend
+        )
         self._optimizers.append(wrapped)
         return wrapped
 
@@ -318,6 +326,7 @@ class Accelerator:
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
+            loader_class=self.state.backend.data_loader_class(),
         )
         self._dataloaders.append(prepared)
         return prepared
@@ -406,9 +415,14 @@ class Accelerator:
         """Divide fp16-scaled gradients by the loss scale (no-op otherwise).
 
         Only on steps that will update: unscaling an accumulation step would mix
-        unscaled and scaled gradients.
+        unscaled and scaled gradients. Where no DDP wrapper averaged the
+        gradients over the processes (XLA), they are averaged here first.
         """
-        if self.scaler is None or not self.sync_gradients:
+        if not self.sync_gradients:
+            return
+        for opt in self._optimizers:
+            opt.reduce_gradients()
+        if self.scaler is None:
             return
         targets = self._optimizers if optimizer is None else optimizer
         for opt in targets if isinstance(targets, (list, tuple)) else [targets]:

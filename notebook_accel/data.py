@@ -477,8 +477,9 @@ def prepare_data_loader(
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
     non_blocking: bool = False,
+    loader_class: type[DataLoaderShard] | None = None,
 ) -> DataLoaderShard:
-    """A `DataLoaderShard` that reads `dataloader`'s data for process `process_index`."""
+    """A `DataLoaderShard` (or `loader_class`) reading `dataloader`'s data for `process_index`."""
     kwargs = {name: getattr(dataloader, name) for name in _COPIED if hasattr(dataloader, name)}
     dataset = dataloader.dataset
     synchronized_generator = None
@@ -540,7 +541,7 @@ def prepare_data_loader(
         size = getattr(batch_sampler, "batch_size", None)
         total = None if size is None else size * (1 if split_batches else num_processes)
 
-    return DataLoaderShard(
+    return (loader_class or DataLoaderShard)(
         dataset,
         device=device,
         gradient_state=gradient_state,
@@ -550,3 +551,23 @@ def prepare_data_loader(
         remainder_known=remainder_known,
         **kwargs,
     )
+
+
+class XlaDataLoaderShard(DataLoaderShard):
+    """A DataLoaderShard for XLA devices: each batch starts a new lazy graph.
+
+    Before a batch goes to the device, the graph the previous step built is
+    cut and sent off to run (`torch_xla.sync()`, which does not wait), as
+    torch_xla's MpDeviceLoader does on each `next`; without the cut, graphs
+    would grow step after step. The transfer itself happens here, in the
+    training thread, not in MpDeviceLoader's background threads: those read
+    ahead of the training loop, which would move `end_of_dataloader` (and with
+    it gradient accumulation and `gather_for_metrics`) ahead of the batch in use.
+    """
+
+    def _to_device(self, batch: Any) -> Any:
+        if self.device is not None:
+            import torch_xla
+
+            torch_xla.sync()
+        return super()._to_device(batch)

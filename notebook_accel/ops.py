@@ -1,8 +1,10 @@
 """Collectives on nested structures of tensors: gather, reduce, pad, broadcast.
 
 Every function is a no-op (or a copy) in a single process, so training code
-runs unchanged with one process or many. They read the world from
-`torch.distributed` itself, which the `Accelerator` has initialised.
+runs unchanged with one process or many. The primitive collectives come from
+one small class per backend: `Collectives` (torch.distributed: gloo, nccl),
+which reads the world from the process group the `Accelerator` initialised,
+and `XlaCollectives` (torch_xla), which the `Accelerator` selects on TPUs.
 """
 
 from __future__ import annotations
@@ -18,9 +20,100 @@ from notebook_accel.nested import apply_to_tensors
 REDUCTIONS = ("sum", "mean", "max")
 
 
+class Collectives:
+    """The primitive collectives over torch.distributed's default group."""
+
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Every process's `tensor` (at least 1-d, same shape), concatenated along dim 0."""
+        return _on_comm_device(self._all_gather)(tensor)
+
+    def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size())]
+        dist.all_gather(parts, tensor)
+        return torch.cat(parts, dim=0)
+
+    def all_reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        """`tensor` summed ("sum") or maxed ("max") over the processes, in place."""
+        op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
+        return _on_comm_device(lambda t: (dist.all_reduce(t, op), t)[1])(tensor)
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        """`src`'s values of `tensor` (the result may be a copy on another device)."""
+        return _on_comm_device(lambda t: (dist.broadcast(t, src=src), t)[1])(tensor)
+
+    def all_gather_object(self, obj: Any) -> list:
+        gathered: list[Any] = [None] * self.world_size()
+        dist.all_gather_object(gathered, obj)
+        return gathered
+
+    def broadcast_object_list(self, objects: list, src: int) -> None:
+        dist.broadcast_object_list(objects, src=src)
+
+
+class XlaCollectives(Collectives):
+    """The same collectives through torch_xla (TPU cores, or XLA's CPU device).
+
+    XLA tensors are lazy: each collective ends with a graph cut, so that every
+    process runs the same graph up to it, and a value read afterwards on one
+    process alone (say, a metric on the main process) does not run a collective
+    that the others would run in a different graph.
+    """
+
+    def __init__(self) -> None:
+        import torch_xla
+        import torch_xla.core.xla_model as xm
+        import torch_xla.runtime as xr
+
+        self._torch_xla, self._xm, self._xr = torch_xla, xm, xr
+
+    def world_size(self) -> int:
+        return self._xr.world_size()
+
+    def _on_device(self, op: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor):
+        moved = tensor if tensor.device.type == "xla" else tensor.to(self._torch_xla.device())
+        result = op(moved)
+        self._torch_xla.sync()
+        return result if result.device == tensor.device else result.to(tensor.device)
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self._on_device(lambda t: self._xm.all_gather(t, dim=0), tensor)
+
+    def all_reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
+        kind = self._xm.REDUCE_MAX if reduction == "max" else self._xm.REDUCE_SUM
+        return tensor.copy_(self._on_device(lambda t: self._xm.all_reduce(kind, t), tensor))
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
+        def broadcast_one(moved: torch.Tensor) -> torch.Tensor:
+            self._xm.collective_broadcast([moved], root_ordinal=src)
+            return moved
+
+        return self._on_device(broadcast_one, tensor)
+
+    def all_gather_object(self, obj: Any) -> list:
+        return self._xm.mesh_reduce("notebook_accel.gather_object", obj, list)
+
+    def broadcast_object_list(self, objects: list, src: int) -> None:
+        chosen = self._xm.mesh_reduce(
+            "notebook_accel.broadcast_object_list", list(objects), lambda every: every[src]
+        )
+        objects[:] = chosen
+
+
+_collectives: Collectives = Collectives()
+
+
+def use_collectives(collectives: Collectives) -> None:
+    """Route the functions below through `collectives` (the Accelerator's backend picks)."""
+    global _collectives
+    _collectives = collectives
+
+
 def world_size() -> int:
-    """Number of processes in the default group (1 when there is no group)."""
-    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+    """Number of processes taking part (1 when there is no group)."""
+    return _collectives.world_size()
 
 
 def _on_comm_device(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
@@ -38,14 +131,10 @@ def _on_comm_device(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
     return run
 
 
-@_on_comm_device
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:
     if tensor.ndim == 0:
         tensor = tensor[None]
-    tensor = tensor.contiguous()
-    parts = [torch.empty_like(tensor) for _ in range(world_size())]
-    dist.all_gather(parts, tensor)
-    return torch.cat(parts, dim=0)
+    return _collectives.all_gather(tensor.contiguous())
 
 
 def gather(data: Any) -> Any:
@@ -68,8 +157,7 @@ def gather_object(obj: Any) -> list:
     n = world_size()
     if n == 1:
         return list(obj) if isinstance(obj, (list, tuple)) else [obj]
-    gathered: list[Any] = [None] * n
-    dist.all_gather_object(gathered, obj)
+    gathered = _collectives.all_gather_object(obj)
     if all(isinstance(item, (list, tuple)) for item in gathered):
         return [x for item in gathered for x in item]
     return gathered
@@ -81,11 +169,10 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
         raise ValueError(f"reduction={reduction!r}; choose one of {', '.join(REDUCTIONS)}.")
     n = world_size()
 
-    @_on_comm_device
     def reduce_one(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
         if n > 1:
-            dist.all_reduce(out, dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM)
+            out = _collectives.all_reduce(out, reduction)
         if reduction == "mean":
             out /= n
         if scale != 1.0:
@@ -130,7 +217,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
         return data
 
     def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
-        moved = _on_comm_device(lambda t: (dist.broadcast(t, src=from_process), t)[1])(tensor)
+        moved = _collectives.broadcast(tensor, from_process)
         if moved is not tensor:
             tensor.copy_(moved)
         return tensor
@@ -141,7 +228,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
 def broadcast_object_list(objects: list, from_process: int = 0) -> list:
     """Replace the items of `objects` in place with those on `from_process`; returns the list."""
     if world_size() > 1:
-        dist.broadcast_object_list(objects, src=from_process)
+        _collectives.broadcast_object_list(objects, from_process)
     return objects
 
 

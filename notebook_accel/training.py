@@ -43,6 +43,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     Under fp16 it steps through the GradScaler, which skips the update when a
     gradient overflowed; `step_was_skipped` then says so, and the schedulers
     prepared with it do not advance.
+
+    `backend` (the process state's) averages the gradients over the processes
+    before the step where no DDP wrapper did (XLA), and ends the step (on XLA,
+    a graph cut, as `xm.optimizer_step(barrier=True)` does).
     """
 
     # torch.optim.Optimizer.__init__ is deliberately not called: this object only forwards.
@@ -51,12 +55,15 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         gradient_state: GradientState,
         scaler: torch.amp.GradScaler | None = None,
+        backend: Any = None,
     ) -> None:
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
+        self.backend = backend
         self.step_was_skipped = False
         self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
+        self.gradients_reduced = False  # set by reduce_gradients until the step
 
     @property
     def state(self) -> Any:
@@ -96,13 +103,25 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         if callable(getattr(self.optimizer, "eval", None)):
             self.optimizer.eval()
 
+    def reduce_gradients(self) -> None:
+        """Average the gradients over the processes, once per step, where DDP did not."""
+        if self.backend is not None and not self.gradients_reduced:
+            self.backend.reduce_gradients(self.optimizer)
+            self.gradients_reduced = True
+
     def step(self, closure: Any = None) -> Any:
         if not self.gradient_state.sync_gradients:
             return None
+        self.reduce_gradients()
+        self.gradients_reduced = False
         if self.scaler is None:
             self.step_was_skipped = False
-            return self.optimizer.step() if closure is None else self.optimizer.step(closure)
-        return self._scaled_step(closure)
+            result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
+        else:
+            result = self._scaled_step(closure)
+        if self.backend is not None:
+            self.backend.end_step()
+        return result
 
     def _scaled_step(self, closure: Any) -> Any:
         # GradScaler.step calls optimizer.step only when no gradient overflowed;
