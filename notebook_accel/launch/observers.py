@@ -45,9 +45,12 @@ class ConsoleObserver(RunObserver):
         target.flush()
 
     def on_restart(self, attempt: int, error: BaseException) -> None:
-        first_line = str(error).splitlines()[0]
+        # The cause first (which rank, and how it ended), then what happens next.
+        failures = getattr(error, "failures", None)
+        cause = failures[0].describe() if failures else str(error).splitlines()[0]
         sys.stderr.write(
-            f"notebook_accel: restarting the workers (attempt {attempt}): {first_line}\n"
+            f"notebook_accel: {cause}; restarting every worker (restart {attempt}); "
+            "a function that calls load_state() continues from its newest checkpoint\n"
         )
         sys.stderr.flush()
 
