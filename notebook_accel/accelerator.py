@@ -664,10 +664,11 @@ class Accelerator:
         """
         from notebook_accel import checkpoint
 
+        model = self.unwrap_model(model)
+        if fsdp.is_sharded(model):  # every process sends its shards to the main one
+            model = fsdp.full_state_dict(model)
         if self.is_main_process:
-            checkpoint.save_model(
-                self.unwrap_model(model), save_directory, max_shard_size, safe_serialization
-            )
+            checkpoint.save_model(model, save_directory, max_shard_size, safe_serialization)
 
     # -- housekeeping -----------------------------------------------------------------
 

@@ -10,6 +10,9 @@ A checkpoint is a directory (file names follow Accelerate's):
     random_states_{rank}.pkl                      every random generator of each rank
     loop_state_{rank}.pkl                         each rank's step counter and DataLoader positions
     checkpoint.json                               what the checkpoint holds; written last
+    sharded/                                      instead of the model and optimizer files when
+                                                  the models are sharded (FSDP): each rank's
+                                                  shards, through torch.distributed.checkpoint
 
 The main process writes the shared files, each rank its own. Everything is
 written into a hidden directory beside the target (`.NAME.partial`); when
@@ -21,6 +24,10 @@ for a checkpoint.
 Loading reads and checks every file on every rank before anything is changed;
 if any rank finds a problem, every rank raises `CheckpointError` and no state
 is overwritten.
+
+A sharded checkpoint also loads on a different number of processes (one
+model or the whole weights, as each rank needs them); the random generators
+and DataLoader positions are per process and are then left as they are.
 
 The `.bin`/`.pt`/`.pkl` files are pickles: load only checkpoints you trust.
 """
@@ -39,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from notebook_accel import ops
+from notebook_accel import fsdp, ops
 from notebook_accel.seeding import rng_states, set_rng_states
 
 if TYPE_CHECKING:
@@ -49,6 +56,7 @@ FORMAT_VERSION = 1
 MANIFEST = "checkpoint.json"
 CHECKPOINTS_FOLDER = "checkpoints"
 SAFE_WEIGHTS = "model.safetensors"
+SHARDED_FOLDER = "sharded"
 PICKLED_WEIGHTS = "pytorch_model.bin"
 _NUMBERED = re.compile(r"checkpoint_(\d+)")
 
@@ -100,11 +108,16 @@ def save_state(
     accelerator.wait_for_everyone()  # the directory exists before anyone writes into it
     _warn_if_accumulating(accelerator)
     _write_rank_files(accelerator, partial)
+    sharded = any(fsdp.is_sharded(model) for model in _unwrapped_models(accelerator))
+    if sharded:  # every rank writes its own shards
+        fsdp.sharded_save(
+            partial / SHARDED_FOLDER, _unwrapped_models(accelerator), accelerator._optimizers
+        )
     if accelerator.is_main_process:
-        _write_shared_files(accelerator, partial, safe_serialization)
+        _write_shared_files(accelerator, partial, safe_serialization, weights=not sharded)
     accelerator.wait_for_everyone()  # every rank's files are in
     if accelerator.is_main_process:
-        _write_manifest(accelerator, partial)
+        _write_manifest(accelerator, partial, sharded)
         _move_into_place(partial, target)
         _rotate(accelerator, target.parent)
     accelerator.wait_for_everyone()  # nobody goes on before the checkpoint is in place
@@ -164,11 +177,17 @@ def _write_rank_files(accelerator: Accelerator, folder: Path) -> None:
     _write_file(folder / f"loop_state_{rank}.pkl", loop, torch.save)
 
 
-def _write_shared_files(accelerator: Accelerator, folder: Path, safe: bool) -> None:
-    for i, model in enumerate(accelerator._models):
+def _unwrapped_models(accelerator: Accelerator) -> list[torch.nn.Module]:
+    return [accelerator.unwrap_model(model) for model in accelerator._models]
+
+
+def _write_shared_files(
+    accelerator: Accelerator, folder: Path, safe: bool, weights: bool = True
+) -> None:
+    for i, model in enumerate(accelerator._models if weights else []):
         name = _numbered(SAFE_WEIGHTS if safe else PICKLED_WEIGHTS, i)
         _write_weights(folder / name, model_tensors(accelerator.unwrap_model(model)), safe)
-    for i, optimizer in enumerate(accelerator._optimizers):
+    for i, optimizer in enumerate(accelerator._optimizers if weights else []):
         _write_file(folder / _numbered("optimizer.bin", i), optimizer.state_dict(), torch.save)
     for i, scheduler in enumerate(accelerator._schedulers):
         _write_file(folder / _numbered("scheduler.bin", i), scheduler.state_dict(), torch.save)
@@ -186,8 +205,12 @@ def _numbered(name: str, index: int) -> str:
     return f"{stem}_{index}.{ext}"
 
 
-def _write_manifest(accelerator: Accelerator, folder: Path) -> None:
-    files = {path.name: path.stat().st_size for path in sorted(folder.iterdir())}
+def _write_manifest(accelerator: Accelerator, folder: Path, sharded: bool = False) -> None:
+    files = {
+        path.relative_to(folder).as_posix(): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
     for rank in range(accelerator.num_processes):
         for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
             if name not in files:
@@ -195,6 +218,7 @@ def _write_manifest(accelerator: Accelerator, folder: Path) -> None:
     manifest = {
         "format": FORMAT_VERSION,
         "world_size": accelerator.num_processes,
+        "sharded": sharded,
         "mixed_precision": accelerator.mixed_precision,
         "iteration": accelerator.project_configuration.iteration,
         "models": len(accelerator._models),
@@ -273,7 +297,7 @@ def _fsync(path: Path) -> None:
 # -- model weights ------------------------------------------------------------------------
 
 
-def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+def model_tensors(model: torch.nn.Module | dict) -> dict[str, torch.Tensor]:
     """`model`'s state dict as standalone CPU tensors, each shared tensor once.
 
     Tied weights (one tensor under several names) are kept under their first
@@ -282,7 +306,8 @@ def model_tensors(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """
     tensors: dict[str, torch.Tensor] = {}
     seen: set[tuple] = set()
-    for name, tensor in model.state_dict().items():
+    state = model if isinstance(model, dict) else model.state_dict()
+    for name, tensor in state.items():
         key = _identity(tensor)
         if key in seen:
             continue
@@ -398,9 +423,10 @@ def _read(accelerator: Accelerator, folder: Path) -> _Checkpoint:
     _check_sizes(folder, manifest["files"])
     rank = accelerator.process_index
     checkpoint = _Checkpoint(folder, manifest)
-    for i, model in enumerate(accelerator._models):
+    sharded = manifest.get("sharded", False)  # then read by _apply, through DCP
+    for i, model in enumerate([] if sharded else accelerator._models):
         checkpoint.models.append(_read_weights(folder, i, accelerator.unwrap_model(model)))
-    for i, optimizer in enumerate(accelerator._optimizers):
+    for i, optimizer in enumerate([] if sharded else accelerator._optimizers):
         path = folder / _numbered("optimizer.bin", i)
         checkpoint.optimizers.append(_check_optimizer(path, _read_pickle(path), optimizer))
     for i in range(len(accelerator._schedulers)):
@@ -409,6 +435,9 @@ def _read(accelerator: Accelerator, folder: Path) -> _Checkpoint:
         checkpoint.scaler = _read_pickle(folder / "scaler.pt")
     for i in range(len(accelerator._custom_objects)):
         checkpoint.custom_objects.append(_read_pickle(folder / f"custom_checkpoint_{i}.pkl"))
+    if manifest["world_size"] != accelerator.num_processes:  # a sharded checkpoint
+        checkpoint.loop = {"step": _read_pickle(folder / "loop_state_0.pkl")["step"]}
+        return checkpoint
     checkpoint.random_states = _read_pickle(folder / f"random_states_{rank}.pkl")
     checkpoint.loop = _read_pickle(folder / f"loop_state_{rank}.pkl")
     return checkpoint
@@ -437,7 +466,7 @@ def _read_manifest(folder: Path) -> dict:
 def _check_setup(accelerator: Accelerator, folder: Path, manifest: dict) -> None:
     """The checkpoint was made by a run shaped like this one."""
     path = folder / MANIFEST
-    if manifest["world_size"] != accelerator.num_processes:
+    if manifest["world_size"] != accelerator.num_processes and not manifest.get("sharded"):
         raise CheckpointError(
             f"{path}: saved by {manifest['world_size']} processes, but this run has "
             f"{accelerator.num_processes}. Resume with num_processes={manifest['world_size']}."
@@ -520,10 +549,17 @@ def _check_optimizer(path: Path, saved: Any, optimizer: Any) -> dict:
 
 
 def _apply(accelerator: Accelerator, checkpoint: _Checkpoint) -> None:
-    for model, tensors in zip(accelerator._models, checkpoint.models, strict=True):
-        _load_tensors(accelerator.unwrap_model(model), tensors)
-    for optimizer, state in zip(accelerator._optimizers, checkpoint.optimizers, strict=True):
-        optimizer.load_state_dict(state)
+    if checkpoint.manifest.get("sharded"):
+        fsdp.sharded_load(
+            checkpoint.folder / SHARDED_FOLDER,
+            _unwrapped_models(accelerator),
+            accelerator._optimizers,
+        )
+    else:
+        for model, tensors in zip(accelerator._models, checkpoint.models, strict=True):
+            _load_tensors(accelerator.unwrap_model(model), tensors)
+        for optimizer, state in zip(accelerator._optimizers, checkpoint.optimizers, strict=True):
+            optimizer.load_state_dict(state)
     for scheduler, state in zip(accelerator._schedulers, checkpoint.schedulers, strict=True):
         scheduler.load_state_dict(state)
     if checkpoint.scaler is not None:
@@ -531,6 +567,16 @@ def _apply(accelerator: Accelerator, checkpoint: _Checkpoint) -> None:
     for obj, state in zip(accelerator._custom_objects, checkpoint.custom_objects, strict=True):
         obj.load_state_dict(state)
     accelerator.step = checkpoint.loop["step"]
+    if not checkpoint.random_states:  # saved by another number of processes
+        if accelerator.is_main_process:
+            warnings.warn(
+                f"{checkpoint.folder} was saved by {checkpoint.manifest['world_size']} "
+                f"processes and loaded by {accelerator.num_processes}: weights, optimizer "
+                "and scheduler states are restored; random generators and DataLoader "
+                "positions are not.",
+                stacklevel=3,
+            )
+        return
     loaders = checkpoint.loop["dataloaders"]
     for loader, state in zip(accelerator._dataloaders, loaders, strict=True):
         loader.load_state_dict(state)
@@ -548,7 +594,7 @@ def _continue_numbering(accelerator: Accelerator, folder: Path) -> None:
 
 
 def save_model(
-    model: torch.nn.Module,
+    model: torch.nn.Module | dict,
     save_directory: str | os.PathLike,
     max_shard_size: int | str = "10GB",
     safe_serialization: bool = True,
