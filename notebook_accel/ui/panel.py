@@ -32,6 +32,7 @@ class PanelChoices:
     num_processes: int = 2
     mixed_precision: str = "no"
     gradient_accumulation_steps: int = 1
+    fsdp: dict | None = None  # FSDP plugin fields; None: no sharding
 
     @classmethod
     def for_hardware(cls, hardware: Hardware) -> PanelChoices:
@@ -70,6 +71,7 @@ class PanelChoices:
             devices=list(self.gpus) if self.backend == "cuda" else None,
             mixed_precision=self.mixed_precision,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
+            fsdp=self.fsdp,
         )
 
     def apply(self, config: LaunchConfig) -> None:
@@ -101,6 +103,7 @@ class PanelChoices:
         self.backend = backend
         self.mixed_precision = config.mixed_precision
         self.gradient_accumulation_steps = config.gradient_accumulation_steps
+        self.fsdp = config.fsdp
 
 
 def hardware_summary(hardware: Hardware) -> str:
@@ -194,6 +197,13 @@ class LaunchPanel:
         self.accumulation = w.BoundedIntText(
             value=1, min=1, max=4096, description="Accumulate", layout=w.Layout(width="180px")
         )
+        self.shard = w.Checkbox(
+            value=False,
+            description="Shard the model (FSDP2)",
+            indent=False,
+            tooltip="prepare() shards models with fully_shard instead of DDP",
+        )
+        self.shard.add_class("notebook-accel-fsdp")
         self.launch_button = w.Button(description="Launch", button_style="primary", icon="play")
         self.launch_button.add_class("notebook-accel-launch")
         self.stop_button = w.Button(
@@ -214,6 +224,7 @@ class LaunchPanel:
         self.backend.observe(self._on_choice, names="value")
         self.processes.observe(self._on_choice, names="value")
         self.accumulation.observe(self._on_choice, names="value")
+        self.shard.observe(self._on_choice, names="value")
         for box in self.gpu_boxes:
             box.observe(self._on_choice, names="value")
         self.launch_button.on_click(lambda _: self.launch())
@@ -228,7 +239,7 @@ class LaunchPanel:
                 w.HBox([self.backend, *self.gpu_boxes, self.processes]),
                 w.HBox([w.Label("Precision"), *self.precision_buttons.values()]),
                 self.precision_note,
-                self.accumulation,
+                w.HBox([self.accumulation, self.shard]),
                 w.HBox([self.launch_button, self.stop_button]),
                 w.HBox([self.config_path, self.save_button, self.load_button]),
                 self.message,
@@ -272,6 +283,8 @@ class LaunchPanel:
         ]
         self.choices.num_processes = self.processes.value
         self.choices.gradient_accumulation_steps = self.accumulation.value
+        if self.shard.value != (self.choices.fsdp is not None):  # keep a loaded section
+            self.choices.fsdp = {} if self.shard.value else None
         if self.choices.precision_problems()[self.choices.mixed_precision]:
             self.choices.mixed_precision = "no"
         self._sync_widgets()
@@ -304,6 +317,8 @@ class LaunchPanel:
             )
             self.accumulation.value = choices.gradient_accumulation_steps
             self.accumulation.disabled = running
+            self.shard.value = choices.fsdp is not None
+            self.shard.disabled = running
             self.backend.disabled = running
             problem = choices.problem()
             self.launch_button.disabled = running or problem is not None
