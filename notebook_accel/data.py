@@ -560,9 +560,10 @@ class XlaDataLoaderShard(DataLoaderShard):
     cut and sent off to run (`torch_xla.sync()`, which does not wait), as
     torch_xla's MpDeviceLoader does on each `next`; without the cut, graphs
     would grow step after step. The transfer itself happens here, in the
-    training thread, not in MpDeviceLoader's background threads: those read
-    ahead of the training loop, which would move `end_of_dataloader` (and with
-    it gradient accumulation and `gather_for_metrics`) ahead of the batch in use.
+    training thread, not in MpDeviceLoader's background threads: there an
+    exception raised by the dataset ends the thread, and the epoch, early and
+    silently, and their shuffling would draw from the global generator
+    concurrently with the training loop.
     """
 
     def _to_device(self, batch: Any) -> Any:

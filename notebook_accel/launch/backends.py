@@ -36,8 +36,7 @@ class Backend:
         """Raise if this backend cannot run on this machine at all."""
 
     def worker_processes(self, num_processes: int, hardware: Hardware) -> int:
-        """How many processes to fork for `num_processes` devices; raise if PJRT-like
-        rules forbid that number."""
+        """How many worker processes run `num_processes` devices (raise if none can)."""
         return num_processes
 
     def default_num_processes(self, hardware: Hardware) -> int:

@@ -133,7 +133,7 @@ def notebook_launcher(
         kwargs: keyword arguments for `function`.
         config: a `LaunchConfig` or the path of its YAML file (the panel's
             "Save"); options passed here with other than their default win.
-        backend: "cpu" or "cuda" to override what the hardware suggests.
+        backend: "cpu", "cuda" or "xla" (TPUs) to override what the hardware suggests.
         devices: which GPUs to use, by index (default: the first `num_processes`).
         gradient_accumulation_steps: picked up by `Accelerator()` in the workers.
         max_restarts: how many times to restart all workers after a failure.
