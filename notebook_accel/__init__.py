@@ -29,6 +29,8 @@ _EXPORTS = {
     "AutocastKwargs": "notebook_accel.kwargs",
     "DataLoaderConfiguration": "notebook_accel.kwargs",
     "DistributedDataParallelKwargs": "notebook_accel.kwargs",
+    "FullyShardedDataParallelPlugin": "notebook_accel.kwargs",
+    "TorchDynamoPlugin": "notebook_accel.kwargs",
     "GradScalerKwargs": "notebook_accel.kwargs",
     "InitProcessGroupKwargs": "notebook_accel.kwargs",
     "ProjectConfiguration": "notebook_accel.kwargs",
@@ -52,9 +54,11 @@ if TYPE_CHECKING:
         AutocastKwargs,
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,
+        FullyShardedDataParallelPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,
         ProjectConfiguration,
+        TorchDynamoPlugin,
     )
     from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import last_run, notebook_launcher
