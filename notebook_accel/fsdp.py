@@ -69,6 +69,8 @@ def shard_model(
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
+    if is_sharded(model):  # prepared before: fully_shard twice would fail
+        return ShardMap()
     before = dict(model.named_parameters())
     options: dict[str, Any] = {
         # An explicit mesh: torch's default follows the machine's accelerator, not `cpu=True`.

@@ -197,3 +197,14 @@ def test_panel_checkbox_turns_fsdp_on_and_keeps_a_loaded_section(tmp_path):
     }
     panel.shard.value = False
     assert panel.choices.to_config().fsdp is None
+
+
+def _prepare_twice() -> str:
+    acc = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+    model = torch.nn.Linear(4, 4)
+    model = acc.prepare(acc.prepare(model))
+    return type(model.weight).__name__
+
+
+def test_preparing_a_sharded_model_again_leaves_it_as_it_is():
+    assert notebook_launcher(_prepare_twice, num_processes=2, live=False, timeout=60) == "DTensor"
