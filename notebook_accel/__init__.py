@@ -23,6 +23,8 @@ _EXPORTS = {
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchSettings": "notebook_accel.config",
     "LaunchConfig": "notebook_accel.config",
+    "detect_hardware": "notebook_accel.launch.hardware",
+    "Hardware": "notebook_accel.launch.hardware",
     "panel": "notebook_accel.ui.panel",
     "LaunchPanel": "notebook_accel.ui.panel",
     "Accelerator": "notebook_accel.accelerator",
@@ -61,6 +63,7 @@ if TYPE_CHECKING:
         TorchDynamoPlugin,
     )
     from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.hardware import Hardware, detect_hardware
     from notebook_accel.launch.launcher import last_run, notebook_launcher
     from notebook_accel.logging import get_logger
     from notebook_accel.progress import progress_bar, set_progress_hook

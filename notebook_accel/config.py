@@ -107,7 +107,7 @@ class LaunchConfig:
     def to_yaml(self) -> str:
         import yaml
 
-        body = yaml.safe_dump(self.launch_options(), sort_keys=False, default_flow_style=None)
+        body = yaml.safe_dump(self.launch_options(), sort_keys=False, default_flow_style=False)
         return "# notebook_accel launch configuration\n" + body
 
     def save(self, path: str | os.PathLike) -> None:

@@ -106,6 +106,10 @@ def detect() -> Hardware:
     )
 
 
+# The public name: `notebook_accel.detect_hardware()`.
+detect_hardware = detect
+
+
 # -- TPUs ------------------------------------------------------------------------
 
 # PCI ids of TPU chips (vendor Google), as torch_xla/_internal/tpu.py lists

@@ -169,3 +169,12 @@ def test_launching_from_inside_a_worker_is_refused():
 
     with pytest.raises(WorkerError, match="called inside a launched worker"):
         notebook_launcher(inner_launch, num_processes=2)
+
+
+def test_detect_hardware_is_public_and_reads_this_machine_without_cuda():
+    import notebook_accel
+
+    hardware = notebook_accel.detect_hardware()
+    assert isinstance(hardware, notebook_accel.Hardware)
+    assert hardware.cpu_cores >= 1 and hardware.ram_bytes > 0
+    assert not torch.cuda.is_initialized()
