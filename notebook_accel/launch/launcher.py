@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import socket
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -257,11 +258,17 @@ def _run_workers(
 
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for attempt in range(plan.max_restarts + 1):
-        with _rendezvous_store(plan) as port:
-            group = WorkerGroup(plan.worker_spec(port, attempt), observer, stop)
+        with _Rendezvous(plan) as rendezvous:
+            group = WorkerGroup(
+                plan.worker_spec(rendezvous.port, attempt),
+                observer,
+                stop,
+                close_in_workers=rendezvous.fds(),
+            )
             try:
                 observer.on_start(plan.world_size, attempt)
                 group.start()
+                rendezvous.serve()
                 report.status = "running"
                 group.wait(deadline)
                 return group.results
@@ -293,7 +300,11 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
     was_initialized = dist.is_available() and dist.is_initialized()
     previous_sink = metrics.set_local_sink(lambda record: observer.on_message(0, "metric", record))
     previous_hook = progress.set_progress_hook(progress_to_observer)
-    with _rendezvous_store(plan) as port, _patched_environ(plan.environment(port, attempt=0)):
+    with (
+        _Rendezvous(plan) as rendezvous,
+        _patched_environ(plan.environment(rendezvous.port, attempt=0)),
+    ):
+        rendezvous.serve()
         report.status = "running"
         observer.on_start(plan.world_size, 0)
         try:
@@ -306,34 +317,71 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
     return {0: to_cpu(value)}
 
 
-@contextmanager
-def _rendezvous_store(plan: LaunchPlan):
-    """Host the TCPStore the workers meet at (node 0 only), as torchrun's agent does."""
-    if plan.node_rank != 0:
-        yield plan.port
-        return
-    from datetime import timedelta
+class _Rendezvous:
+    """The store the workers meet at, hosted here on node 0, as torchrun's agent does.
 
-    import torch.distributed as dist
+    The port is bound before the workers are forked, but the store's server
+    thread starts only after they are: a thread running during a fork can hold
+    a lock that the child then waits on forever (seen here as a worker stuck
+    connecting to the store). Workers retry connecting until it answers.
+    """
 
-    try:
-        store = dist.TCPStore(
-            host_name=plan.master_addr,
-            port=plan.port or 0,
+    def __init__(self, plan: LaunchPlan):
+        self.plan = plan
+        self.port = plan.port
+        self._socket: socket.socket | None = None
+        self._store = None
+
+    def __enter__(self) -> _Rendezvous:
+        if self.plan.node_rank == 0:
+            self._socket = _listening_socket(self.plan.port)
+            self.port = self._socket.getsockname()[1]
+        return self
+
+    def fds(self) -> list[int]:
+        """File descriptors the forked workers must close."""
+        return [self._socket.fileno()] if self._socket is not None else []
+
+    def serve(self) -> None:
+        if self._socket is None:
+            return
+        from datetime import timedelta
+
+        import torch.distributed as dist
+
+        self._store = dist.TCPStore(
+            host_name=self.plan.master_addr,
+            port=self.port,
             is_master=True,
             wait_for_workers=False,
-            timeout=timedelta(seconds=plan.rendezvous_timeout),
+            timeout=timedelta(seconds=self.plan.rendezvous_timeout),
+            master_listen_fd=self._socket.fileno(),
         )
-    except dist.DistNetworkError as error:
+        self._socket.detach()  # the store owns the socket now and closes it
+        self._socket = None
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self._store = None  # stops the server thread
+        if self._socket is not None:
+            self._socket.close()
+
+
+def _listening_socket(port: int | None) -> socket.socket:
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    # Reuse a port whose last run's connections are still in TIME_WAIT; a port
+    # another program listens on still fails to bind.
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("", port or 0))
+        listener.listen(1024)
+    except OSError as error:
+        listener.close()
         raise OSError(
-            f"port {plan.port} on this machine is busy, so the workers cannot meet there "
+            f"port {port} on this machine is busy, so the workers cannot meet there "
             "(another run or program is using it). Leave use_port unset to pick a free "
             "port, or choose another."
         ) from error
-    try:
-        yield store.port
-    finally:
-        del store
+    return listener
 
 
 @contextmanager

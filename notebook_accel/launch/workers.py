@@ -119,10 +119,17 @@ class _Worker:
 class WorkerGroup:
     """The workers of one launch attempt on this node."""
 
-    def __init__(self, spec: WorkerSpec, observer: RunObserver, stop: StopSignal | None = None):
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        observer: RunObserver,
+        stop: StopSignal | None = None,
+        close_in_workers: list[int] = (),
+    ):
         self.spec = spec
         self.observer = observer
         self.stop_signal = stop
+        self.close_in_workers = list(close_in_workers)
         self.workers: list[_Worker] = []
         self.results: dict[int, Any] = {}
         self._selector = selectors.DefaultSelector()
@@ -145,7 +152,7 @@ class WorkerGroup:
         chan_r, chan_w = os.pipe()
         # The child must not hold the read ends of any pipe, or the pipes of the
         # workers started before it.
-        inherited = [out_r, err_r, chan_r] + [fd for fd in self._streams]
+        inherited = [out_r, err_r, chan_r, *self._streams, *self.close_in_workers]
         process = context.Process(
             target=_worker_main,
             args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
@@ -470,9 +477,14 @@ def _send_error(channel: channel_module.ChannelWriter, error: BaseException) -> 
 
 
 def _user_traceback(error: BaseException) -> str:
-    """The traceback from the user's function down, without the launcher's frame."""
+    """The traceback from the user's function down, without the launcher's frames."""
     tb = error.__traceback__
-    if tb is not None and tb.tb_frame.f_code is _worker_main.__code__ and tb.tb_next:
+    launch_dir = os.path.dirname(__file__)
+    while (
+        tb is not None
+        and tb.tb_next is not None
+        and (os.path.dirname(tb.tb_frame.f_code.co_filename) == launch_dir)
+    ):
         tb = tb.tb_next
     return "".join(traceback.format_exception(type(error), error, tb))
 
