@@ -78,34 +78,49 @@ def run_accelerate() -> None:
     accelerate_launcher(accelerate_fn, num_processes=WORKERS, use_port=str(free_port()))
 
 
-def measure(run, repeats: int) -> tuple[float, float]:
-    run()  # warm up imports and caches
-    inside, whole = [], []
+def measure_once(run) -> tuple[float, float]:
+    for rank in range(WORKERS):
+        ENTERED[rank] = 0.0
+    started = time.time()
+    run()
+    whole = time.time() - started
+    assert all(ENTERED), "a worker never entered the function"
+    return max(ENTERED) - started, whole
+
+
+def measure(runs: dict, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median (to inside, whole) per launcher, the launchers taking turns.
+
+    Taking turns matters: forking gets slower as the parent process grows
+    (each launcher leaves some state behind), so timing one launcher after
+    the other would favour whichever goes first.
+    """
+    for run in runs.values():
+        run()  # warm up imports and caches
+    samples: dict[str, list[tuple[float, float]]] = {name: [] for name in runs}
     for _ in range(repeats):
-        for rank in range(WORKERS):
-            ENTERED[rank] = 0.0
-        started = time.time()
-        run()
-        whole.append(time.time() - started)
-        assert all(ENTERED), "a worker never entered the function"
-        inside.append(max(ENTERED) - started)
-    return statistics.median(inside), statistics.median(whole)
+        for name, run in runs.items():
+            samples[name].append(measure_once(run))
+    return {
+        name: (statistics.median(s[0] for s in taken), statistics.median(s[1] for s in taken))
+        for name, taken in samples.items()
+    }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9)
     repeats = parser.parse_args().repeats
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    rows = {"raw fork + gloo": measure(run_raw, repeats)}
-    rows["notebook_accel"] = measure(run_ours, repeats)
+    runs = {"raw fork + gloo": run_raw, "notebook_accel": run_ours}
     try:
         import accelerate  # noqa: F401
     except ImportError:
         print("(Accelerate is not installed: its column is left out)")
     else:
-        rows["accelerate"] = measure(run_accelerate, repeats)
+        runs["accelerate"] = run_accelerate
+    rows = measure(runs, repeats)
     raw_inside, raw_whole = rows["raw fork + gloo"]
     ours_inside, ours_whole = rows["notebook_accel"]
     print(f"\n{WORKERS} CPU workers, median of {repeats} runs\n")

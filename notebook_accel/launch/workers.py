@@ -27,6 +27,9 @@ from typing import Any
 
 import psutil
 
+# Imported here, in the launching process, so that forked workers inherit
+# them instead of each importing them again (milliseconds per worker).
+from notebook_accel import progress as progress_module
 from notebook_accel.launch import channel as channel_module
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.observers import LineBuffer, RunObserver
@@ -426,8 +429,6 @@ def _worker_main(
 
 def _send_progress_through(channel: channel_module.ChannelWriter) -> None:
     """Route the main process's progress bar to the launcher, at most 10 updates/s."""
-    from notebook_accel import progress
-
     last_sent = [0.0]
 
     def send(step: int, total: int | None, elapsed: float) -> None:
@@ -437,7 +438,7 @@ def _send_progress_through(channel: channel_module.ChannelWriter) -> None:
             last_sent[0] = now
             channel.send("progress", {"step": step, "total": total, "elapsed": elapsed})
 
-    progress.set_progress_hook(send)
+    progress_module.set_progress_hook(send)
 
 
 def _send_peak_resources(channel: channel_module.ChannelWriter) -> None:
@@ -512,13 +513,22 @@ def _barrier_before_exit() -> None:
 
 def _die_with_parent(parent_pid: int) -> None:
     """Have Linux kill this worker if the launching process dies (kernel restart)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
+    if _LIBC is None:
         return
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != parent_pid:  # the parent died before prctl took effect
         os._exit(1)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc if hasattr(libc, "prctl") else None
+    except OSError:  # not Linux
+        return None
+
+
+_LIBC = _load_libc()
 
 
 def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
