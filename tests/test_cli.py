@@ -10,6 +10,7 @@ import textwrap
 import pytest
 
 from notebook_accel.cli import main
+from tests_support import run_together
 
 
 def cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -127,34 +128,24 @@ def test_launch_on_two_machines_forms_one_group(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     port = free_port()
-    nodes = []
+    commands = []
     for rank in (0, 1):
         config = tmp_path / f"node{rank}.yaml"
         config.write_text(
             f"num_processes: 2\nnum_nodes: 2\nnode_rank: {rank}\n"
             f"master_addr: 127.0.0.1\nuse_port: {port}\n"
         )
-        nodes.append(
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "notebook_accel.cli",
-                    "launch",
-                    "--config",
-                    str(config),
-                    str(script),
-                ],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
+        commands.append(
+            [
+                sys.executable,
+                "-m",
+                "notebook_accel.cli",
+                "launch",
+                "--config",
+                str(config),
+                str(script),
+            ]
         )
-    try:
-        outputs = [node.communicate(timeout=150) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-            node.wait()
-    assert [node.returncode for node in nodes] == [0, 0], outputs
-    assert "world 4 precision no sum 6.0" in outputs[0][0]
+    outputs = run_together(commands, timeout=150)
+    assert [code for code, _, _ in outputs] == [0, 0], outputs
+    assert "world 4 precision no sum 6.0" in outputs[0][1]

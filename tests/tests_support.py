@@ -15,3 +15,47 @@ def live_children() -> list[psutil.Process]:
         except psutil.Error:
             pass
     return alive
+
+
+def run_together(commands: list[list[str]], timeout: float) -> list[tuple[int, str, str]]:
+    """Start every command at once and wait for all: (return code, stdout, stderr) each.
+
+    Processes still running at the timeout are killed, so none is left behind.
+    """
+    import subprocess
+
+    processes = [
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for command in commands
+    ]
+    try:
+        outputs = [process.communicate(timeout=timeout) for process in processes]
+    finally:
+        for process in processes:
+            process.kill()
+            process.wait()
+    return [
+        (process.returncode, out, err)
+        for process, (out, err) in zip(processes, outputs, strict=True)
+    ]
+
+
+def execute_cells(sources: list[str], directory, timeout: float = 90):
+    """Run code cells top to bottom in a real Jupyter kernel; return the executed notebook."""
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in sources]
+    NotebookClient(
+        notebook,
+        timeout=timeout,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(directory)}},
+    ).execute()
+    return notebook
+
+
+def cell_text(cell) -> str:
+    """The text a cell printed (its stream outputs)."""
+    return "".join(output.get("text", "") for output in cell.outputs)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import sys
 import textwrap
+
+from tests_support import run_together
 
 NODE_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
@@ -35,24 +36,12 @@ def test_two_nodes_of_two_workers_form_one_group_of_four(tmp_path):
     script = tmp_path / "node.py"
     script.write_text(NODE_SCRIPT)
     port = free_port()
-    nodes = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(rank), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (0, 1)
-    ]
-    try:
-        outputs = [node.communicate(timeout=90) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-            node.wait()
-    for node, (_, err) in zip(nodes, outputs, strict=True):
-        assert node.returncode == 0, err
-    results = [eval(out.split("RESULTS", 1)[1]) for out, _ in outputs]
+    finished = run_together(
+        [[sys.executable, str(script), str(rank), str(port)] for rank in (0, 1)], timeout=90
+    )
+    for code, _, err in finished:
+        assert code == 0, err
+    results = [eval(out.split("RESULTS", 1)[1]) for _, out, _ in finished]
     assert results[0] == [(0, 4, 6.0), (1, 4, 6.0)]
     assert results[1] == [(2, 4, 6.0), (3, 4, 6.0)]
 
@@ -94,33 +83,18 @@ def test_two_nodes_of_two_train_to_the_weights_of_one_group_of_four(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(TRAIN_MODULE)
     port = free_port()
-    runs = {
-        "single": [(-1, tmp_path / "single.pt")],
-        "nodes": [(0, tmp_path / "node0.pt"), (1, tmp_path / "node1.pt")],
-    }
-    processes = [
-        subprocess.Popen(
-            [sys.executable, str(script), str(out), str(rank), str(port)],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank, out in runs["nodes"]
-    ]
-    try:
-        outputs = [process.communicate(timeout=150) for process in processes]
-    finally:
-        for process in processes:
-            process.kill()
-            process.wait()
-    assert [p.returncode for p in processes] == [0, 0], outputs
-    single = subprocess.run(
-        [sys.executable, str(script), str(runs["single"][0][1]), "-1", "0"],
-        capture_output=True,
-        text=True,
+    nodes = run_together(
+        [
+            [sys.executable, str(script), str(tmp_path / f"node{rank}.pt"), str(rank), str(port)]
+            for rank in (0, 1)
+        ],
         timeout=150,
     )
-    assert single.returncode == 0, single.stderr
+    assert [code for code, _, _ in nodes] == [0, 0], nodes
+    [(code, _, err)] = run_together(
+        [[sys.executable, str(script), str(tmp_path / "single.pt"), "-1", "0"]], timeout=150
+    )
+    assert code == 0, err
     four = torch.load(tmp_path / "single.pt")
     two_by_two = torch.load(tmp_path / "node0.pt")
     assert four.keys() == two_by_two.keys()

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 
-import nbformat
 import psutil
 import pytest
 from jupyter_client.manager import start_new_kernel
-from nbclient import NotebookClient
+
+from tests_support import cell_text, execute_cells
 
 CELLS = [
     """
@@ -46,16 +46,8 @@ except WorkerError as error:
 ]
 
 
-def cell_text(cell) -> str:
-    return "".join(output.get("text", "") for output in cell.outputs)
-
-
 def test_notebook_launch_returns_results_shows_output_and_reports_errors(tmp_path):
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CELLS]
-    NotebookClient(
-        notebook, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    notebook = execute_cells(CELLS, tmp_path)
     launch, failure = notebook.cells[1], notebook.cells[2]
     text = cell_text(launch)
     assert "RESULT 6.0" in text

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import nbformat
-from nbclient import NotebookClient
+from tests_support import cell_text, execute_cells
 
 CELLS = [
     """
@@ -33,15 +32,11 @@ WIDGET_STATE = "application/vnd.jupyter.widget-state+json"
 
 
 def test_live_view_and_history_in_a_kernel(tmp_path):
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CELLS]
-    NotebookClient(
-        notebook, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    notebook = execute_cells(CELLS, tmp_path)
     launch, summary = notebook.cells
     assert any(WIDGET_VIEW in output.get("data", {}) for output in launch.outputs)
-    assert "trained 40 steps" in "".join(o.get("text", "") for o in launch.outputs)
-    text = "".join(output.get("text", "") for output in summary.outputs)
+    assert "trained 40 steps" in cell_text(launch)
+    text = cell_text(summary)
     assert "STATUS finished" in text
     assert "RECORDS 40 LAST (39, 0.025)" in text
     assert "RANKS [0, 1]" in text
