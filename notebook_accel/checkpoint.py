@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from notebook_accel import fsdp, ops
+from notebook_accel.nested import to_cpu
 from notebook_accel.seeding import rng_states, set_rng_states
 
 if TYPE_CHECKING:
@@ -187,14 +188,18 @@ def _write_shared_files(
     for i, model in enumerate(accelerator._models if weights else []):
         name = _numbered(SAFE_WEIGHTS if safe else PICKLED_WEIGHTS, i)
         _write_weights(folder / name, model_tensors(accelerator.unwrap_model(model)), safe)
+    # States go to disk as CPU tensors: torch.save cannot write XLA tensors, and
+    # load_state moves them back to each parameter's device.
     for i, optimizer in enumerate(accelerator._optimizers if weights else []):
-        _write_file(folder / _numbered("optimizer.bin", i), optimizer.state_dict(), torch.save)
+        state = to_cpu(optimizer.state_dict())
+        _write_file(folder / _numbered("optimizer.bin", i), state, torch.save)
     for i, scheduler in enumerate(accelerator._schedulers):
-        _write_file(folder / _numbered("scheduler.bin", i), scheduler.state_dict(), torch.save)
+        state = to_cpu(scheduler.state_dict())
+        _write_file(folder / _numbered("scheduler.bin", i), state, torch.save)
     if accelerator.scaler is not None:
-        _write_file(folder / "scaler.pt", accelerator.scaler.state_dict(), torch.save)
+        _write_file(folder / "scaler.pt", to_cpu(accelerator.scaler.state_dict()), torch.save)
     for i, obj in enumerate(accelerator._custom_objects):
-        _write_file(folder / f"custom_checkpoint_{i}.pkl", obj.state_dict(), torch.save)
+        _write_file(folder / f"custom_checkpoint_{i}.pkl", to_cpu(obj.state_dict()), torch.save)
 
 
 def _numbered(name: str, index: int) -> str:
@@ -321,9 +326,13 @@ def model_tensors(model: torch.nn.Module | dict) -> dict[str, torch.Tensor]:
 
 def _identity(tensor: torch.Tensor) -> tuple:
     """What makes two state-dict entries the same tensor (a tied weight)."""
+    try:
+        pointer = tensor.untyped_storage().data_ptr()
+    except RuntimeError:  # XLA tensors have no host memory to point at: ties are not found
+        pointer = id(tensor)
     return (
         tensor.device,
-        tensor.untyped_storage().data_ptr(),
+        pointer,
         tensor.storage_offset(),
         tuple(tensor.shape),
         tuple(tensor.stride()),

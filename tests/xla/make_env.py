@@ -24,8 +24,13 @@ TORCH_VERSION = "2.9.0"
 TORCH_XLA_VERSION = "2.9.0"
 REPO = Path(__file__).resolve().parents[2]
 
-# The project's dependencies other than torch (kept in step with pyproject.toml).
-SMALL_DEPS = ["ipywidgets>=8", "ipykernel>=6", "rich>=13", "pyyaml>=6", "psutil>=5.9"]
+
+def small_deps() -> list[str]:
+    """The project's dependencies other than torch, read from pyproject.toml."""
+    import tomllib
+
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    return [dep for dep in project["dependencies"] if not dep.startswith("torch")]
 
 
 def venv_dir() -> Path:
@@ -71,6 +76,9 @@ def _pip(*args: str) -> None:
 
 
 def _install_project() -> None:
+    # The dependencies again each time: pyproject.toml may have gained one
+    # since the environment was cached (a no-op when they are there).
+    _pip(*small_deps(), f"torch=={TORCH_VERSION}")
     _pip("--no-deps", "-e", str(REPO))
 
 
@@ -78,9 +86,7 @@ def ensure() -> Path:
     """Build or reuse the environment; return its python."""
     found = _probe()
     if found is not None:
-        if Path(found).resolve().is_relative_to(REPO / "notebook_accel"):
-            return venv_python()
-        _install_project()  # cached for another checkout: point it here
+        _install_project()  # point it at this checkout, with today's dependencies
         return venv_python()
 
     target = venv_dir()
@@ -90,7 +96,6 @@ def ensure() -> Path:
     # torch first and exactly, then torch_xla, which pins the same torch.
     _pip(f"torch=={TORCH_VERSION}")
     _pip(f"torch_xla=={TORCH_XLA_VERSION}", f"torch=={TORCH_VERSION}")
-    _pip(*SMALL_DEPS, f"torch=={TORCH_VERSION}")
     _install_project()
     if _probe() is None:
         raise SystemExit(f"the environment at {target} was built but does not import torch_xla")

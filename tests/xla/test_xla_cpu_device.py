@@ -94,12 +94,7 @@ def test_xla_save_writes_cpu_tensors_that_load_back(scenario):
 
 
 def test_save_state_round_trip(scenario):
-    outcome = scenario["checks"]["train"]["save_state"]
-    if outcome == "absent":
-        pytest.skip("Accelerator.save_state does not exist in this version")
-    if outcome not in ("exact", "differs"):
-        pytest.xfail(f"save_state/load_state on XLA tensors: {outcome}")
-    assert outcome == "exact"
+    assert scenario["checks"]["train"]["save_state"] == "exact"
 
 
 def test_bf16_autocast_on_xla(scenario):
