@@ -129,54 +129,67 @@ class Accelerator:
 
     @property
     def device(self) -> torch.device:
+        """The torch device this process trains on."""
         return self.state.device
 
     @property
     def num_processes(self) -> int:
+        """How many processes train together (the world size)."""
         return self.state.num_processes
 
     @property
     def process_index(self) -> int:
+        """This process's rank among all processes, from 0."""
         return self.state.process_index
 
     @property
     def local_process_index(self) -> int:
+        """This process's rank on this machine, from 0."""
         return self.state.local_process_index
 
     @property
     def is_main_process(self) -> bool:
+        """True on the process with rank 0 (the one that writes shared files)."""
         return self.state.is_main_process
 
     @property
     def is_local_main_process(self) -> bool:
+        """True on the first process of this machine."""
         return self.state.is_local_main_process
 
     @property
     def is_last_process(self) -> bool:
+        """True on the process with the highest rank."""
         return self.state.is_last_process
 
     @property
     def distributed_type(self) -> DistributedType:
+        """How the processes cooperate: NO, MULTI_CPU, MULTI_GPU or XLA."""
         return self.state.distributed_type
 
     @property
     def use_distributed(self) -> bool:
+        """True when more than one process trains."""
         return self.state.use_distributed
 
     @property
     def mixed_precision(self) -> str:
+        """The precision in use: "no", "fp16", "bf16" or "fp8"."""
         return self.precision.name
 
     @property
     def scaler(self) -> torch.amp.GradScaler | None:
+        """The fp16 loss scaler, or None outside fp16."""
         return self.precision.scaler
 
     @property
     def split_batches(self) -> bool:
+        """Whether each batch is split across processes (else each gets whole batches)."""
         return self.dataloader_config.split_batches
 
     @property
     def even_batches(self) -> bool:
+        """Whether every process gets the same number of batches (by repeating samples)."""
         return self.dataloader_config.even_batches
 
     @even_batches.setter
@@ -185,18 +198,22 @@ class Accelerator:
 
     @property
     def use_seedable_sampler(self) -> bool:
+        """Whether shuffling goes through the seedable, epoch-aware sampler."""
         return self.dataloader_config.use_seedable_sampler
 
     @property
     def project_dir(self) -> str | None:
+        """Where checkpoints and logs go (from ProjectConfiguration), or None."""
         return self.project_configuration.project_dir
 
     @property
     def logging_dir(self) -> str | None:
+        """Where logs go (from ProjectConfiguration), or None."""
         return self.project_configuration.logging_dir
 
     @property
     def sync_gradients(self) -> bool:
+        """True on steps where gradients are all-reduced and the optimizer steps."""
         return self.gradient_state.sync_gradients
 
     @sync_gradients.setter
@@ -205,6 +222,7 @@ class Accelerator:
 
     @property
     def gradient_accumulation_steps(self) -> int:
+        """Micro-steps per optimizer step under accumulate()."""
         return self.gradient_state.num_steps
 
     @gradient_accumulation_steps.setter

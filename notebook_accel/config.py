@@ -51,6 +51,7 @@ class LaunchSettings:
     fsdp: dict | None = field(default=None, hash=False)
 
     def to_env(self) -> dict[str, str]:
+        """The environment variables a worker reads these settings back from."""
         env = {
             ENV_BACKEND: self.backend,
             ENV_MIXED_PRECISION: self.mixed_precision,
@@ -105,6 +106,7 @@ class LaunchConfig:
         return asdict(self)
 
     def to_yaml(self) -> str:
+        """The configuration as YAML text, one key per line."""
         import yaml
 
         body = yaml.safe_dump(self.launch_options(), sort_keys=False, default_flow_style=False)

@@ -273,6 +273,7 @@ class TorchDynamoPlugin:
 
     @property
     def enabled(self) -> bool:
+        """True when a compile backend is chosen."""
         return self.backend != "no"
 
     def to_kwargs(self) -> dict[str, Any]:

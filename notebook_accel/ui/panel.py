@@ -253,6 +253,7 @@ class LaunchPanel:
     # -- display -----------------------------------------------------------------
 
     def display(self) -> None:
+        """Show the panel under the current cell."""
         from IPython.display import display
 
         display(self.box)
@@ -330,6 +331,7 @@ class LaunchPanel:
     # -- config file -------------------------------------------------------------
 
     def save_config(self) -> None:
+        """Write the current choices to the YAML file named in the Config box."""
         try:
             self.choices.to_config().save(self.config_path.value)
         except OSError as error:
@@ -338,6 +340,7 @@ class LaunchPanel:
             self._say(f"Saved to {self.config_path.value}")
 
     def load_config(self) -> None:
+        """Take the choices from the YAML file named in the Config box."""
         try:
             self.choices.apply(LaunchConfig.load(self.config_path.value))
         except (OSError, ValueError) as error:
@@ -354,6 +357,7 @@ class LaunchPanel:
 
     @property
     def running(self) -> bool:
+        """True while a run started from the panel is going."""
         return self._active
 
     def launch(self) -> None:
