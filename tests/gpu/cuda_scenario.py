@@ -1,0 +1,112 @@
+"""Every CUDA check in one run, printed as JSON: run on a machine with GPUs.
+
+    python tests/gpu/cuda_scenario.py        # what tests/gpu/test_cuda.py reads
+
+It runs as its own process so that CUDA starts untouched, as in a fresh
+notebook kernel. With one GPU the launches still fork a worker (as the
+panel does), since that is what must work.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+import traceback
+
+
+def train(precision_steps: int = 20) -> dict:
+    import torch
+
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    torch.manual_seed(accelerator.process_index)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    seen_dtype = {}
+
+    def note_dtype(module, inputs, output):  # returns None: the output stays as it is
+        seen_dtype.setdefault("dtype", str(output.dtype))
+
+    accelerator.unwrap_model(model)[0].register_forward_hook(note_dtype)
+    for _ in range(precision_steps):
+        inputs = torch.randn(64, 256, device=accelerator.device)
+        targets = torch.randint(0, 10, (64,), device=accelerator.device)
+        with accelerator.autocast():
+            loss = torch.nn.functional.cross_entropy(model(inputs), targets)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+    total = accelerator.reduce(torch.ones(1, device=accelerator.device))
+    return {
+        "device": str(accelerator.device),
+        "world": accelerator.num_processes,
+        "distributed_type": str(accelerator.distributed_type),
+        "precision": accelerator.mixed_precision,
+        "layer_dtype": seen_dtype.get("dtype"),
+        "reduced": total.item(),
+        "loss": loss.item(),
+    }
+
+
+def launch(precision: str) -> dict:
+    from notebook_accel import detect_hardware, last_run
+    from notebook_accel.launch.launcher import run_plan
+    from notebook_accel.launch.observers import ConsoleObserver
+    from notebook_accel.launch.preflight import plan_launch
+
+    gpus = len(detect_hardware().gpus)
+    plan = plan_launch(
+        function=train,
+        num_processes=min(gpus, 2),
+        mixed_precision=precision,
+        backend="cuda",
+        single_in_process=False,
+        timeout=300,
+    )
+    started = time.perf_counter()
+    result = run_plan(plan, ConsoleObserver())
+    return {
+        **result,
+        "seconds": time.perf_counter() - started,
+        "resources": {str(k): v for k, v in last_run().resources.items()},
+    }
+
+
+def attempt(name: str, fn, results: dict) -> None:
+    try:
+        results[name] = {"ok": True, **fn()}
+    except Exception as error:  # noqa: BLE001 - reported to the test
+        results[name] = {
+            "ok": False,
+            "error": f"{type(error).__name__}: {error}",
+            "traceback": traceback.format_exc(),
+        }
+
+
+def main() -> None:
+    import torch
+
+    from notebook_accel import detect_hardware
+
+    hardware = detect_hardware()
+    results: dict = {
+        "gpus": [[g.name, g.memory_bytes, g.capability] for g in hardware.gpus],
+        "cuda_initialized_after_detect": torch.cuda.is_initialized(),
+    }
+    for precision in ("no", "fp16", "bf16", "fp8"):
+        attempt(precision, lambda p=precision: launch(p), results)
+    results["cuda_initialized_after_launches"] = torch.cuda.is_initialized()
+
+    # Touch CUDA here, as a careless cell would: the next launch must be refused.
+    torch.zeros(1, device="cuda")
+    attempt("after_cuda_init", lambda: launch("no"), results)
+    print("RESULTS " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

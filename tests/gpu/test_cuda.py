@@ -1,0 +1,85 @@
+"""CUDA behaviour, checked on a machine with GPUs (skipped elsewhere, saying so).
+
+One prepared run (cuda_scenario.py, its own process so CUDA starts untouched)
+covers: counting GPUs without initialising CUDA, forked workers on nccl, fp16
+with loss scaling, bf16 and fp8 where the GPU can, GPU memory figures, and the
+refusal once the kernel has initialised CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytestmark = [
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(
+        not torch.cuda.is_available(),
+        reason="needs a CUDA GPU and a CUDA build of torch; run `python -m pytest tests/gpu` there",
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def scenario() -> dict:
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("cuda_scenario.py"))],
+        capture_output=True,
+        text=True,
+        timeout=850,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULTS "))
+    return json.loads(line[len("RESULTS ") :])
+
+
+def capability(scenario) -> tuple[int, int]:
+    return min(tuple(gpu[2]) for gpu in scenario["gpus"])
+
+
+def test_gpus_are_counted_without_initialising_cuda(scenario):
+    assert scenario["gpus"]
+    assert scenario["cuda_initialized_after_detect"] is False
+    assert scenario["cuda_initialized_after_launches"] is False
+
+
+def test_forked_workers_train_on_nccl_with_gpu_memory_figures(scenario):
+    run = scenario["no"]
+    assert run["ok"], run.get("traceback")
+    assert run["device"].startswith("cuda") and run["distributed_type"] == "MULTI_GPU"
+    assert run["reduced"] == run["world"]
+    assert all(figures["peak_gpu_bytes"] > 0 for figures in run["resources"].values())
+
+
+def test_fp16_trains_with_a_loss_scaler(scenario):
+    run = scenario["fp16"]
+    assert run["ok"], run.get("traceback")
+    assert run["precision"] == "fp16" and run["layer_dtype"] == "torch.float16"
+
+
+def test_bf16_where_the_gpu_has_it(scenario):
+    run = scenario["bf16"]
+    if capability(scenario) >= (8, 0):
+        assert run["ok"], run.get("traceback")
+        assert run["layer_dtype"] == "torch.bfloat16"
+    else:
+        assert not run["ok"] and "bf16 needs compute capability 8.0" in run["error"]
+
+
+def test_fp8_runs_or_names_what_is_missing(scenario):
+    run = scenario["fp8"]
+    if run["ok"]:
+        assert run["precision"] == "fp8"
+    else:
+        assert "fp8" in run["error"] and ("torchao" in run["error"] or "8.9" in run["error"])
+
+
+def test_a_launch_after_cuda_was_initialised_here_is_refused(scenario):
+    run = scenario["after_cuda_init"]
+    assert not run["ok"]
+    assert "CUDA is already initialised in this kernel" in run["error"]
