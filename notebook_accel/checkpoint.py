@@ -105,6 +105,7 @@ def save_state(
     target = _save_target(accelerator, output_dir)
     partial = target.parent / f".{target.name}.partial"
     if accelerator.is_main_process:
+        _finish_interrupted_swap(target)
         _fresh_directory(partial)
     accelerator.wait_for_everyone()  # the directory exists before anyone writes into it
     _warn_if_accumulating(accelerator)
@@ -135,7 +136,9 @@ def _save_target(accelerator: Accelerator, output_dir: str | os.PathLike | None)
                 "save_state() needs output_dir, or an Accelerator with "
                 "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
             )
-        return Path(output_dir).absolute()
+        target = Path(output_dir).absolute()
+        _refuse_to_replace_other_files(target)
+        return target
     if config.project_dir is None:
         raise ValueError(
             "automatic_checkpoint_naming=True needs ProjectConfiguration(project_dir=...)."
@@ -150,6 +153,25 @@ def _save_target(accelerator: Accelerator, output_dir: str | os.PathLike | None)
             "to the next free number."
         )
     return target
+
+
+def _refuse_to_replace_other_files(target: Path) -> None:
+    """save_state replaces its directory whole: never one that holds anything else."""
+    if target.is_file() or (
+        target.is_dir() and not (target / MANIFEST).exists() and any(target.iterdir())
+    ):
+        raise CheckpointError(
+            f"{target} exists and is not a checkpoint; save_state() replaces its directory "
+            "as a whole, so it would delete what is there. Give it a new or empty directory, "
+            "for example a subdirectory such as checkpoints/step_100."
+        )
+
+
+def _finish_interrupted_swap(target: Path) -> None:
+    """Put back a checkpoint a save had moved aside when it was killed mid-swap."""
+    previous = target.parent / f".{target.name}.previous"
+    if not target.exists() and (previous / MANIFEST).exists():
+        previous.rename(target)
 
 
 def _warn_if_accumulating(accelerator: Accelerator) -> None:
@@ -406,6 +428,9 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike | None) ->
 def _load_source(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
     if input_dir is not None:
         folder = Path(input_dir).absolute()
+        if accelerator.is_main_process:
+            _finish_interrupted_swap(folder)
+        accelerator.wait_for_everyone()
     else:
         config = accelerator.project_configuration
         if not config.automatic_checkpoint_naming or config.project_dir is None:
