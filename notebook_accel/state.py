@@ -336,6 +336,9 @@ def _init_process_group(backend: Backend, kwargs: InitProcessGroupKwargs) -> Non
         key = f"notebook_accel/joined/{attempt}/"
         store.set(f"{key}{rank}", "1")
         store.wait([f"{key}{peer}" for peer in range(world)], timedelta(seconds=waited))
+        # From here on the store serves the group (nccl reads its communicator id
+        # from it at the first collective): give it the group's own timeout.
+        store.set_timeout(timeout or dist.default_pg_timeout)
         dist.init_process_group(
             process_group_backend,
             store=store,
