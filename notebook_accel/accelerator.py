@@ -11,6 +11,7 @@ import contextlib
 import functools
 import gc
 import os
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -457,14 +458,40 @@ class Accelerator:
 
         With FSDP the norm covers every process's shards (a plain tensor, not a DTensor).
         """
+        parameters = list(parameters)
+        if self._scaled_partial_gradients():
+            grads = [p.grad for p in parameters if p.grad is not None]
+            norm = torch.nn.utils.get_total_norm(grads, norm_type) / self.scaler.get_scale()
+            return fsdp.full_tensor(norm)
         self.unscale_gradients()
-        norm = torch.nn.utils.clip_grad_norm_(list(parameters), max_norm, norm_type=norm_type)
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_norm, norm_type=norm_type)
         return fsdp.full_tensor(norm)
 
     def clip_grad_value_(self, parameters: Any, clip_value: float) -> None:
         """`torch.nn.utils.clip_grad_value_` on true (unscaled) gradients."""
+        if self._scaled_partial_gradients():
+            return
         self.unscale_gradients()
         torch.nn.utils.clip_grad_value_(list(parameters), clip_value)
+
+    def _scaled_partial_gradients(self) -> bool:
+        """True on an fp16 accumulation step, where clipping would corrupt the sum.
+
+        The gradients there are still multiplied by the loss scale and only part
+        of the step's sum; Accelerate raises on the second unscale. Here the
+        clip is skipped (warned once): clip when `sync_gradients` is True.
+        """
+        if self.scaler is None or self.sync_gradients:
+            return False
+        if not getattr(self, "_warned_partial_clip", False):
+            self._warned_partial_clip = True
+            warnings.warn(
+                "clipping on a gradient-accumulation step under fp16 is skipped: the gradients "
+                "are scaled and only part of the step's sum. Clip when "
+                "accelerator.sync_gradients is True.",
+                stacklevel=3,
+            )
+        return True
 
     # -- collectives -------------------------------------------------------------------
 
