@@ -135,7 +135,12 @@ class CudaBackend(Backend):
     def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
         if devices is None:
             return {}
-        return {"CUDA_VISIBLE_DEVICES": ",".join(str(index) for index in devices)}
+        # `devices` counts the GPUs this process sees; when CUDA_VISIBLE_DEVICES
+        # already narrows them, index into that list rather than the machine's.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [name.strip() for name in visible.split(",")] if visible else None
+        chosen = [names[index] if names else str(index) for index in devices]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
 
 
 class XlaBackend(Backend):

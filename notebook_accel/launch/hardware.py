@@ -83,9 +83,18 @@ def cuda_device_count() -> int:
 
     if not torch.cuda._is_compiled():
         return 0
-    # device_count() asks NVML first and only falls back to the CUDA runtime
-    # when NVML is missing; see torch/cuda/__init__.py (device_count).
-    return torch.cuda.device_count()
+    if torch.cuda.is_initialized():  # nothing left to protect
+        return torch.cuda.device_count()
+    # torch.cuda.device_count() falls back to the CUDA runtime (which initialises
+    # the driver, so forked workers could no longer use CUDA) when NVML cannot
+    # count, as with MIG UUIDs in CUDA_VISIBLE_DEVICES. Count without it.
+    count = torch.cuda._device_count_nvml()
+    if count >= 0:
+        return count
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([name for name in visible.split(",") if name.strip()])
+    return len(_nvml_gpus())
 
 
 def detect() -> Hardware:

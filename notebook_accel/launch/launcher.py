@@ -247,9 +247,10 @@ def run_plan(plan: LaunchPlan, observer: RunObserver, stop: StopSignal | None = 
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
-    if plan.return_all:
-        return [results.get(rank) for rank in sorted(results)]
-    return results.get(min(results)) if results else None
+    first = plan.node_rank * plan.local_world_size
+    if plan.return_all:  # None where a worker returned nothing (sys.exit(0))
+        return [results.get(rank) for rank in range(first, first + plan.local_world_size)]
+    return results.get(first)
 
 
 def _run_workers(
@@ -258,6 +259,8 @@ def _run_workers(
 
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for attempt in range(plan.max_restarts + 1):
+        if stop is not None and stop.is_set():  # Stop pressed while restarting
+            raise KeyboardInterrupt("the run was stopped")
         with _Rendezvous(plan) as rendezvous:
             group = WorkerGroup(
                 plan.worker_spec(rendezvous.port, attempt),
@@ -298,8 +301,6 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
         observer.on_message(0, "progress", {"step": step, "total": total, "elapsed": elapsed})
 
     was_initialized = dist.is_available() and dist.is_initialized()
-    previous_sink = metrics.set_local_sink(lambda record: observer.on_message(0, "metric", record))
-    previous_hook = progress.set_progress_hook(progress_to_observer)
     with (
         _Rendezvous(plan) as rendezvous,
         _patched_environ(plan.environment(rendezvous.port, attempt=0)),
@@ -307,6 +308,10 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
         rendezvous.serve()
         report.status = "running"
         observer.on_start(plan.world_size, 0)
+        previous_sink = metrics.set_local_sink(
+            lambda record: observer.on_message(0, "metric", record)
+        )
+        previous_hook = progress.set_progress_hook(progress_to_observer)
         try:
             value = plan.function(*plan.args, **plan.kwargs)
         finally:
@@ -334,7 +339,10 @@ class _Rendezvous:
 
     def __enter__(self) -> _Rendezvous:
         if self.plan.node_rank == 0:
-            self._socket = _listening_socket(self.plan.port)
+            # On one machine the store answers only there; across machines, on every
+            # interface (the others reach it through master_addr).
+            host = self.plan.master_addr if self.plan.num_nodes == 1 else ""
+            self._socket = _listening_socket(host, self.plan.port)
             self.port = self._socket.getsockname()[1]
         return self
 
@@ -366,20 +374,21 @@ class _Rendezvous:
             self._socket.close()
 
 
-def _listening_socket(port: int | None) -> socket.socket:
-    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+def _listening_socket(host: str, port: int | None) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
     # Reuse a port whose last run's connections are still in TIME_WAIT; a port
     # another program listens on still fails to bind.
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind(("", port or 0))
+        listener.bind((host, port or 0))
         listener.listen(1024)
     except OSError as error:
         listener.close()
         raise OSError(
-            f"port {port} on this machine is busy, so the workers cannot meet there "
-            "(another run or program is using it). Leave use_port unset to pick a free "
-            "port, or choose another."
+            f"cannot listen on {host or 'this machine'} port {port} ({error.strerror}), so "
+            "the workers cannot meet there: another run or program may be using it. On one "
+            "machine leave use_port unset to pick a free port; otherwise choose another."
         ) from error
     return listener
 

@@ -91,7 +91,10 @@ class LaunchPlan:
 
     @property
     def in_process(self) -> bool:
-        return self.world_size == 1 and self.single_in_process
+        # A chosen GPU other than the first needs a worker of its own: this
+        # process cannot narrow the GPUs it sees after the fact.
+        chose_another_gpu = self.devices not in (None, [0])
+        return self.world_size == 1 and self.single_in_process and not chose_another_gpu
 
     def environment(self, port: int, attempt: int) -> dict[str, str]:
         """Variables every worker of this node gets (the rank ones come per worker)."""

@@ -8,6 +8,7 @@ grace period, then SIGKILL, as torch.distributed.elastic does.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import faulthandler
 import io
@@ -38,8 +39,10 @@ from notebook_accel.nested import to_cpu
 # After the first failure, how long to keep listening so that the failure that
 # caused the others (often a peer's "connection closed") can be told apart.
 SETTLE_SECONDS = 0.25
-# SIGTERM, then this long, then SIGKILL; twice this bounds the whole teardown.
+# SIGTERM, then this long, then SIGKILL.
 TERMINATE_GRACE_SECONDS = 0.8
+# After SIGKILL, how long to wait for the kernel to reap a worker.
+KILL_REAP_SECONDS = 10.0
 
 _PR_SET_PDEATHSIG = 1
 # How often the launcher samples each worker's memory for live views.
@@ -141,13 +144,17 @@ class WorkerGroup:
             self._selector.register(stop.fileno(), selectors.EVENT_READ)
         self._streams: dict[int, tuple[_Worker, str]] = {}
         self._sentinels: dict[int, _Worker] = {}
+        self._stopped = False
 
     # -- starting --------------------------------------------------------------
 
     def start(self) -> None:
         context = multiprocessing.get_context("fork")
-        for local_rank in range(self.spec.local_world_size):
-            self._start_one(context, local_rank)
+        # An interrupt between a fork and the bookkeeping would leave a worker
+        # that stop() does not know about: it waits until every worker is known.
+        with _interrupts_deferred():
+            for local_rank in range(self.spec.local_world_size):
+                self._start_one(context, local_rank)
 
     def _start_one(self, context: Any, local_rank: int) -> None:
         out_r, out_w = os.pipe()
@@ -164,6 +171,10 @@ class WorkerGroup:
         )
         try:
             process.start()
+        except BaseException:
+            for fd in (out_r, err_r, chan_r):
+                os.close(fd)
+            raise
         finally:
             for fd in (out_w, err_w, chan_w):
                 os.close(fd)
@@ -301,12 +312,12 @@ class WorkerGroup:
     # -- stopping --------------------------------------------------------------
 
     def stop(self) -> None:
-        """Terminate every worker still running and release every resource."""
-        previous_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
-        try:
+        """Terminate every worker still running and release every resource (once)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with _interrupts_deferred():
             self._terminate()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous_mask)
 
     def _terminate(self) -> None:
         alive = [w for w in self.workers if w.process.exitcode is None]
@@ -317,7 +328,9 @@ class WorkerGroup:
         for worker in alive:
             if worker.process.exitcode is None:
                 _signal(worker.process.pid, signal.SIGKILL)
-        _wait_for_exit(alive, TERMINATE_GRACE_SECONDS)
+        # SIGKILL always ends a process, but one freeing a GPU context can take a
+        # while; wait for it (bounded) so that no child is left unreaped.
+        _wait_for_exit(alive, KILL_REAP_SECONDS)
         for process in descendants:
             try:
                 process.kill()
@@ -329,12 +342,37 @@ class WorkerGroup:
             for fd, (owner, stream) in list(self._streams.items()):
                 if owner is worker:
                     self._read(worker, fd, stream)
+                    if stream != "channel":  # a last line without a newline
+                        self._emit_lines(worker, stream, worker.buffers[fd].flush())
             if worker.process.exitcode is not None:
                 worker.process.close()
         for fd in list(self._streams):
             os.close(fd)
         self._streams.clear()
         self._selector.close()
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+    """Hold a notebook's interrupt (SIGINT) until the block ends, then raise it.
+
+    Blocking the signal with a mask is not enough: it goes to any thread that
+    does not block it (a kernel has several), and Python then raises
+    KeyboardInterrupt in the main thread anyway. So the handler itself is
+    swapped for the block and put back after, exactly as it was. Signals only
+    reach the main thread's handlers, so other threads need nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
 
 
 def _signal(pid: int, signum: int) -> None:
@@ -419,6 +457,10 @@ def _worker_main(
         _send_error(channel, error)
         exitcode = 1
     finally:
+        try:
+            channel.flush()  # metrics still waiting for their batch
+        except OSError:
+            pass
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()

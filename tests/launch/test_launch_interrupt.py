@@ -54,3 +54,23 @@ def test_interrupt_during_teardown_does_not_leave_workers():
             timer.cancel()
     time.sleep(0.2)
     assert live_children() == []
+
+
+def ignores_sigterm_then_sleeps():
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only SIGKILL will end it
+    time.sleep(600)
+
+
+def test_a_second_stop_press_during_teardown_still_leaves_no_worker():
+    # The second SIGINT lands while the launcher waits for SIGTERM to work.
+    timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.0, 1.3)]
+    for timer in timers:
+        timer.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            notebook_launcher(ignores_sigterm_then_sleeps, num_processes=2)
+    finally:
+        for timer in timers:
+            timer.cancel()
+    assert live_children() == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

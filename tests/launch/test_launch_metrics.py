@@ -124,3 +124,30 @@ def test_a_script_shows_progress_and_memory_as_text(tmp_path):
     lines = [line for line in done.stdout.splitlines() if line.startswith("[notebook_accel]")]
     assert any("it/s" in line and "loss" in line for line in lines), lines
     assert "finished in" in lines[-1] and "peak memory: rank 0" in lines[-1]
+
+
+def logs_then_exits_cleanly():
+    Accelerator().log({"loss": 1.0}, step=0, main_process_only=False)
+    sys.exit(0)
+
+
+def test_metrics_waiting_for_their_batch_arrive_when_a_worker_exits():
+    assert notebook_launcher(
+        logs_then_exits_cleanly, num_processes=2, live=False, return_all=True
+    ) == [None, None]
+    assert sorted(record.rank for record in last_run().metrics) == [0, 1]
+
+
+def test_a_failed_single_process_start_leaves_no_metric_sink_behind():
+    import socket
+
+    from notebook_accel import metrics
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        with pytest.raises(OSError):
+            notebook_launcher(
+                logs_steps, args=(1,), num_processes=1, use_port=busy.getsockname()[1], live=False
+            )
+    assert metrics._local_sink is None

@@ -77,7 +77,7 @@ def test_a_busy_explicit_port_is_a_clear_error():
         busy.bind(("0.0.0.0", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        with pytest.raises(OSError, match=f"port {port} on this machine is busy"):
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {port} .*in use"):
             notebook_launcher(train, args=(0.1,), num_processes=2, use_port=port)
     assert live_children() == []
 
@@ -121,6 +121,9 @@ def test_devices_choose_gpus_through_cuda_visible_devices(monkeypatch):
     plan = plan_launch(function=train, args=(0.1,), devices=[1], hardware=TWO_T4)
     assert plan.world_size == 1 and plan.backend.name == "cuda"
     assert plan.backend.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert not plan.in_process  # GPU 1 needs a worker of its own
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the kernel sees two of four GPUs
+    assert plan.backend.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "3"}
     with pytest.raises(ValueError, match="does not match devices"):
         plan_launch(function=train, args=(0.1,), devices=[0, 1], num_processes=1, hardware=TWO_T4)
 
@@ -158,6 +161,22 @@ def test_gpu_counting_goes_through_nvml_not_the_cuda_runtime(monkeypatch):
     monkeypatch.setattr(hardware, "_nvml_gpus", lambda: ())
     assert hardware.cuda_device_count() == 2
     assert [gpu.index for gpu in hardware.detect().gpus] == [0, 1]
+
+
+def test_gpus_that_nvml_cannot_count_are_counted_without_the_cuda_runtime(monkeypatch):
+    from notebook_accel.launch import hardware
+
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1)  # e.g. MIG UUIDs
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("runtime fallback"))
+    monkeypatch.setattr(
+        torch._C,
+        "_cuda_getDeviceCount",
+        lambda: pytest.fail("the CUDA runtime was asked"),
+        raising=False,
+    )
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f2a,MIG-9c1e")
+    assert hardware.cuda_device_count() == 2
 
 
 def inner_launch():

@@ -145,3 +145,17 @@ def test_same_call_works_from_a_plain_script(tmp_path):
     lines = done.stdout.splitlines()
     assert "result 6.0" in lines
     assert "worker 0 sum 6.0" in lines and "[rank 1] worker 1 sum 6.0" in lines
+
+
+def rank0_returns_nothing():
+    import sys
+
+    if os.environ["RANK"] == "0":
+        sys.exit(0)
+    return f"rank {os.environ['RANK']}"
+
+
+def test_return_all_keeps_each_value_at_its_rank():
+    assert notebook_launcher(
+        rank0_returns_nothing, num_processes=2, return_all=True, live=False
+    ) == [None, "rank 1"]
