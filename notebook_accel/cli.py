@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import subprocess
 import sys
 from typing import Any
@@ -252,8 +251,12 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
         raise ValueError(f"no script at {options.script!r}")
     hardware = hardware_module.detect()
     backend = BACKENDS[config.backend or hardware.accelerator]
+    chosen_gpus = len(config.devices) if config.devices is not None else None
     processes = (
-        options.num_processes or config.num_processes or backend.default_num_processes(hardware)
+        options.num_processes
+        or config.num_processes
+        or chosen_gpus
+        or backend.default_num_processes(hardware)
     )
     precision = normalize_precision(options.mixed_precision or config.mixed_precision)
     problem = backend.precision_problem(precision, hardware)
@@ -282,15 +285,8 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
     env = LaunchSettings(
         backend.name, precision, config.gradient_accumulation_steps, fsdp=config.fsdp
     ).to_env()
-    if config.devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(index) for index in config.devices)
+    env.update(backend.worker_environment(0, config.devices))  # the chosen GPUs, say
     return command, env
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 # -- test ------------------------------------------------------------------------
@@ -332,16 +328,22 @@ def self_check() -> dict[str, Any]:
 
 
 def run_self_check(options: argparse.Namespace) -> int:
-    from notebook_accel import WorkerError, notebook_launcher
+    from notebook_accel import WorkerError
+    from notebook_accel.launch.launcher import run_plan
+    from notebook_accel.launch.observers import ConsoleObserver
+    from notebook_accel.launch.preflight import plan_launch
 
+    # Even one process is forked, as the panel does: forking is what is checked
+    # (and a timeout needs a worker to stop).
+    plan = plan_launch(
+        function=self_check,
+        num_processes=options.processes,
+        backend="cpu" if options.cpu else None,
+        timeout=120,
+        single_in_process=False,
+    )
     try:
-        report = notebook_launcher(
-            self_check,
-            num_processes=options.processes,
-            backend="cpu" if options.cpu else None,
-            timeout=120,
-            live=False,
-        )
+        report = run_plan(plan, ConsoleObserver())
     except (WorkerError, TimeoutError) as error:
         print(f"FAILED: {error}")
         return 1

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import textwrap
@@ -10,7 +9,7 @@ import textwrap
 import pytest
 
 from notebook_accel.cli import main
-from tests_support import run_together
+from tests_support import free_port, run_together
 
 
 def cli(*args: str, cwd=None, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -116,10 +115,10 @@ def test_self_check_passes_on_two_cpu_workers():
     assert "self-check passed" in done.stdout
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+def test_self_check_forks_even_a_single_worker():
+    done = cli("test", "--processes", "1", "--cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "1 worker(s) on cpu" in done.stdout and "self-check passed" in done.stdout
 
 
 @pytest.mark.timeout(180)

@@ -59,3 +59,12 @@ def execute_cells(sources: list[str], directory, timeout: float = 90):
 def cell_text(cell) -> str:
     """The text a cell printed (its stream outputs)."""
     return "".join(output.get("text", "") for output in cell.outputs)
+
+
+def free_port() -> int:
+    """A port nothing listens on right now (for tests that must name one)."""
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]

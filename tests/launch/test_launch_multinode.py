@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import socket
 import sys
 import textwrap
 
-from tests_support import run_together
+from tests_support import free_port, run_together
 
 NODE_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist
@@ -24,12 +23,6 @@ NODE_SCRIPT = textwrap.dedent("""
                                 timeout=60)
     print("RESULTS", results)
 """)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_two_nodes_of_two_workers_form_one_group_of_four(tmp_path):
