@@ -8,6 +8,7 @@ panel's state without widgets, so it can be tested without a browser.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -33,20 +34,28 @@ class PanelChoices:
     mixed_precision: str = "no"
     gradient_accumulation_steps: int = 1
     fsdp: dict | None = None  # FSDP plugin fields; None: no sharding
+    # A loaded file's other settings (restarts, timeout, port, nodes), kept as they were.
+    loaded: LaunchConfig = field(default_factory=LaunchConfig)
 
     @classmethod
     def for_hardware(cls, hardware: Hardware) -> PanelChoices:
-        backend = hardware.accelerator if hardware.accelerator in ("cuda", "cpu") else "cpu"
+        backend = hardware.accelerator
         gpus = [gpu.index for gpu in hardware.gpus] if backend == "cuda" else []
         processes = len(gpus) or BACKENDS["cpu"].default_num_processes(hardware)
         return cls(hardware, backend, gpus, max(processes, 1))
 
     def backends(self) -> list[str]:
-        return ["cuda", "cpu"] if self.hardware.gpus else ["cpu"]
+        found = ["cuda"] if self.hardware.gpus else []
+        found += ["xla"] if self.hardware.tpu_cores else []
+        return [*found, "cpu"]
 
     def processes(self) -> int:
-        """Workers the launch will start: one per chosen GPU, or the number asked for."""
-        return len(self.gpus) if self.backend == "cuda" else self.num_processes
+        """Workers the launch will start: one per chosen GPU, every TPU core, or as asked."""
+        if self.backend == "cuda":
+            return len(self.gpus)
+        if self.backend == "xla":
+            return self.hardware.tpu_cores
+        return self.num_processes
 
     def precision_problems(self) -> dict[str, str | None]:
         """Each precision, with why it cannot run here (None when it can)."""
@@ -65,7 +74,8 @@ class PanelChoices:
         return None
 
     def to_config(self) -> LaunchConfig:
-        return LaunchConfig(
+        return dataclasses.replace(
+            self.loaded,
             backend=self.backend,
             num_processes=self.processes(),
             devices=list(self.gpus) if self.backend == "cuda" else None,
@@ -104,6 +114,7 @@ class PanelChoices:
         self.mixed_precision = config.mixed_precision
         self.gradient_accumulation_steps = config.gradient_accumulation_steps
         self.fsdp = config.fsdp
+        self.loaded = config
 
 
 def hardware_summary(hardware: Hardware) -> str:
@@ -157,6 +168,7 @@ class LaunchPanel:
         self._thread: threading.Thread | None = None
         self._stop = None
         self._active = False
+        self._lock = threading.RLock()
 
         hw = self.choices.hardware
         self.hardware_view = w.HTML(hardware_summary(hw))
@@ -264,18 +276,24 @@ class LaunchPanel:
     # -- choices -----------------------------------------------------------------
 
     def _on_precision(self, change: dict) -> None:
-        if self._syncing:
-            return
-        chosen = change["owner"].description
-        if change["new"]:
-            self.choices.mixed_precision = chosen
-        elif chosen == self.choices.mixed_precision:  # a radio group: one stays pressed
-            self.choices.mixed_precision = "no"
-        self._sync_widgets()
+        with self._lock:
+            if self._syncing:
+                return
+            chosen = change["owner"].description
+            if change["new"]:
+                self.choices.mixed_precision = chosen
+            elif chosen == self.choices.mixed_precision:  # a radio group: one stays pressed
+                self.choices.mixed_precision = "no"
+            self._sync_widgets()
 
     def _on_choice(self, change: dict) -> None:
-        if self._syncing:
-            return
+        with self._lock:
+            if self._syncing:
+                return
+            self._take_choices()
+            self._sync_widgets()
+
+    def _take_choices(self) -> None:
         self.choices.backend = self.backend.value
         self.choices.gpus = [
             gpu.index
@@ -288,12 +306,18 @@ class LaunchPanel:
             self.choices.fsdp = {} if self.shard.value else None
         if self.choices.precision_problems()[self.choices.mixed_precision]:
             self.choices.mixed_precision = "no"
-        self._sync_widgets()
 
+    # Set while _sync_widgets writes the widgets, so that the change events those
+    # writes cause are not taken for the person's own choices. The lock keeps the
+    # run thread's redraw and a click in the kernel's thread from interleaving.
     _syncing = False
 
     def _sync_widgets(self) -> None:
         """Make every widget show `self.choices`, disabling what cannot run."""
+        with self._lock:
+            self._write_widgets()
+
+    def _write_widgets(self) -> None:
         self._syncing = True
         try:
             choices = self.choices
@@ -304,7 +328,7 @@ class LaunchPanel:
                 box.layout.display = "" if choices.backend == "cuda" else "none"
                 box.disabled = running
             self.processes.value = choices.processes()
-            self.processes.disabled = running or choices.backend == "cuda"
+            self.processes.disabled = running or choices.backend != "cpu"
             problems = choices.precision_problems()
             for name, button in self.precision_buttons.items():
                 button.value = name == choices.mixed_precision

@@ -178,3 +178,25 @@ def test_bad_arguments_are_shown_in_the_panel_and_nothing_starts():
     panel.launch()
     assert not panel.running and "cannot be called" in panel.message.value
     assert live_children() == []
+
+
+def test_a_loaded_file_keeps_the_settings_the_panel_does_not_show(tmp_path):
+    path = tmp_path / "launch.yaml"
+    LaunchConfig(
+        backend="cpu", num_processes=2, max_restarts=2, timeout=600.0, use_port=29600
+    ).save(path)
+    panel = LaunchPanel(lambda: None, hardware=CPU_ONLY, config_path=str(path))
+    panel.load_config()
+    panel.precision_buttons["bf16"].value = True
+    panel.save_config()
+    again = LaunchConfig.load(path)
+    assert (again.max_restarts, again.timeout, again.use_port) == (2, 600.0, 29600)
+    assert again.mixed_precision == "bf16"
+
+
+def test_a_tpu_runtime_is_offered_with_every_core():
+    tpu = Hardware(tpu_cores=8, cpu_cores=96)
+    choices = PanelChoices.for_hardware(tpu)
+    assert choices.backends() == ["xla", "cpu"]
+    assert (choices.backend, choices.processes()) == ("xla", 8)
+    assert choices.precision_problems()["fp16"] is not None  # TPUs compute in bf16
