@@ -117,6 +117,14 @@ class Accelerator:
         self.project_configuration = project_config or ProjectConfiguration(
             project_dir=None if project_dir is None else os.fspath(project_dir)
         )
+        if rng_types is not None:
+            # Accelerate synchronises these generators at every epoch; here the
+            # seedable sampler (use_seedable_sampler) keeps shuffles in step instead.
+            warnings.warn(
+                "rng_types is accepted for compatibility and not used: DataLoader shuffles "
+                "stay in step across processes through the seedable sampler.",
+                stacklevel=2,
+            )
         self.rng_types = rng_types
         self.step = 0
         self.flag_tensor: torch.Tensor | None = None
@@ -723,6 +731,9 @@ class Accelerator:
         self._optimizers.clear()
         self._schedulers.clear()
         self._dataloaders.clear()
+        self._custom_objects.clear()
+        self._shards = fsdp.ShardMap()  # it holds every sharded parameter
+        self.flag_tensor = None
         self.step = 0
         gc.collect()
         if self.device.type == "cuda":

@@ -115,6 +115,12 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def __post_init__(self) -> None:
+        if self.save_on_each_node:
+            raise ValueError(
+                "save_on_each_node=True is not supported: checkpoints are written by the main "
+                "process, so every machine must see the same project_dir (a shared "
+                "filesystem). Leave save_on_each_node unset."
+            )
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import sys
 from collections.abc import Iterator
 
 
@@ -31,6 +32,9 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
     else:
         numpy.random.seed(seed % 2**32)
     torch.manual_seed(seed)  # seeds the CPU and every CUDA device
+    xm = _xla_model()
+    if xm is not None:
+        xm.set_rng_state(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
@@ -50,6 +54,9 @@ def rng_states() -> dict:
     # Only read CUDA states where CUDA is already running: reading them would start it.
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
+    xm = _xla_model()
+    if xm is not None:
+        states["xla"] = xm.get_rng_state()
     return states
 
 
@@ -64,6 +71,18 @@ def set_rng_states(states: dict) -> None:
         numpy.random.set_state(states["numpy"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
+    xm = _xla_model()
+    if "xla" in states and xm is not None:
+        xm.set_rng_state(states["xla"])
+
+
+def _xla_model():
+    """torch_xla's xla_model, only where torch_xla is in use (never imported here)."""
+    if "torch_xla" not in sys.modules:
+        return None
+    import torch_xla.core.xla_model as xm
+
+    return xm
 
 
 @contextlib.contextmanager

@@ -90,9 +90,13 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def load_state_dict(self, state_dict: dict) -> None:
         self.optimizer.load_state_dict(state_dict)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
+    def zero_grad(self, set_to_none: bool | None = None) -> None:
         if self.gradient_state.sync_gradients:
-            self.optimizer.zero_grad(set_to_none=set_to_none)
+            # Some optimizers' zero_grad takes no set_to_none; pass it only when given.
+            if set_to_none is None:
+                self.optimizer.zero_grad()
+            else:
+                self.optimizer.zero_grad(set_to_none=set_to_none)
 
     def train(self) -> None:
         """Forwarded for optimizers with train/eval modes (schedule-free)."""

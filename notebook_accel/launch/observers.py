@@ -8,6 +8,7 @@ such as a live progress display or the control panel, are observers too.
 from __future__ import annotations
 
 import sys
+import warnings
 from typing import Any
 
 OUTPUT_CHOICES = ("all", "main", "none")
@@ -82,8 +83,16 @@ class ObserverGroup(RunObserver):
             observer.on_restart(attempt, error)
 
     def on_end(self, error: BaseException | None) -> None:
+        # Every view gets the end, and a view that fails drawing it must not
+        # replace the run's own error on its way to the caller.
         for observer in self.observers:
-            observer.on_end(error)
+            try:
+                observer.on_end(error)
+            except Exception as failure:  # noqa: BLE001
+                warnings.warn(
+                    f"{type(observer).__name__} could not show the end of the run: {failure!r}",
+                    stacklevel=2,
+                )
 
 
 class LineBuffer:
