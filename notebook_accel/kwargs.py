@@ -153,10 +153,11 @@ class FullyShardedDataParallelPlugin:
       fp16 compute, float32 gradient reduction); or a dict of `param_dtype`,
       `reduce_dtype`, `output_dtype` ("bf16", "fp16", "fp32"), or a
       `torch.distributed.fsdp.MixedPrecisionPolicy`.
-    - `state_dict_type`: "SHARDED_STATE_DICT" (`save_state` writes each
-      process's shards through `torch.distributed.checkpoint`; loads on any
-      number of processes) or "FULL_STATE_DICT" (the whole weights, gathered on
-      the main process).
+    - `state_dict_type`: accepted as in Accelerate ("SHARDED_STATE_DICT" or
+      "FULL_STATE_DICT"), but `save_state` always writes each process's shards
+      through `torch.distributed.checkpoint` (they load on any number of
+      processes); the whole weights, gathered on the main process, come from
+      `save_model` or `get_state_dict`.
     - `fsdp_version`: 2 (the only one; FSDP1 is not supported).
     """
 
