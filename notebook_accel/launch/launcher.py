@@ -269,7 +269,7 @@ def _run_workers(
                 close_in_workers=rendezvous.fds(),
             )
             try:
-                observer.on_start(plan.world_size, attempt)
+                observer.on_start(plan.local_world_size, attempt)
                 group.start()
                 rendezvous.serve()
                 report.status = "running"
@@ -307,7 +307,7 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
     ):
         rendezvous.serve()
         report.status = "running"
-        observer.on_start(plan.world_size, 0)
+        observer.on_start(plan.local_world_size, 0)
         previous_sink = metrics.set_local_sink(
             lambda record: observer.on_message(0, "metric", record)
         )

@@ -17,7 +17,8 @@ OUTPUT_CHOICES = ("all", "main", "none")
 class RunObserver:
     """Receives a run's events. Every method is optional."""
 
-    def on_start(self, world_size: int, attempt: int) -> None: ...
+    def on_start(self, workers: int, attempt: int) -> None:
+        """An attempt starts `workers` processes on this machine (attempt 0, then restarts)."""
 
     def on_output(self, rank: int, stream: str, line: str) -> None: ...
 
@@ -62,9 +63,9 @@ class ObserverGroup(RunObserver):
     def __init__(self, observers: list[RunObserver]):
         self.observers = observers
 
-    def on_start(self, world_size: int, attempt: int) -> None:
+    def on_start(self, workers: int, attempt: int) -> None:
         for observer in self.observers:
-            observer.on_start(world_size, attempt)
+            observer.on_start(workers, attempt)
 
     def on_output(self, rank: int, stream: str, line: str) -> None:
         for observer in self.observers:

@@ -28,7 +28,7 @@ class RunState(RunObserver):
 
     def __init__(self, main_rank: int = 0) -> None:
         self.main_rank = main_rank
-        self.world_size = 0
+        self.workers = 0
         self.statuses: dict[int, str] = {}
         self.progress: dict[str, Any] | None = None
         self.latest: dict[str, float | str] = {}
@@ -43,10 +43,11 @@ class RunState(RunObserver):
 
     # -- events ----------------------------------------------------------------
 
-    def on_start(self, world_size: int, attempt: int) -> None:
-        self.world_size = world_size
+    def on_start(self, workers: int, attempt: int) -> None:
+        # This machine's workers: global ranks main_rank .. main_rank + workers - 1.
+        self.workers = workers
         first = self.main_rank
-        self.statuses = {rank: "running" for rank in range(first, first + world_size)}
+        self.statuses = {rank: "running" for rank in range(first, first + workers)}
         if attempt:
             self.logs.append(f"--- restart {attempt} ---\n")
         self.outcome = "running"

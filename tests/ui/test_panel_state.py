@@ -200,3 +200,11 @@ def test_a_tpu_runtime_is_offered_with_every_core():
     assert choices.backends() == ["xla", "cpu"]
     assert (choices.backend, choices.processes()) == ("xla", 8)
     assert choices.precision_problems()["fp16"] is not None  # TPUs compute in bf16
+
+
+def test_a_view_on_the_second_machine_lists_that_machines_ranks():
+    from notebook_accel.ui.state import RunState
+
+    view = RunState(main_rank=2)  # node 1 of 2, two workers each
+    view.on_start(2, attempt=0)
+    assert sorted(view.statuses) == [2, 3]
