@@ -47,17 +47,19 @@ def venv_python() -> Path:
     return venv_dir() / "bin" / "python"
 
 
+# Only torch and torch_xla decide whether the environment is usable: the
+# project itself is reinstalled every time (its checkout may have moved).
 _PROBE = """
 import importlib.metadata as md, sys
-import torch, torch_xla, notebook_accel
+import torch, torch_xla
 assert torch.__version__.split("+")[0] == sys.argv[1], torch.__version__
 assert md.version("torch_xla") == sys.argv[2], md.version("torch_xla")
-print(notebook_accel.__file__)
+print(torch_xla.__file__)
 """
 
 
 def _probe() -> str | None:
-    """The path notebook_accel imports from in the environment, or None if it is unusable."""
+    """Where torch_xla imports from in the environment, or None if it is unusable."""
     python = venv_python()
     if not python.exists():
         return None
@@ -99,6 +101,9 @@ def ensure() -> Path:
     _install_project()
     if _probe() is None:
         raise SystemExit(f"the environment at {target} was built but does not import torch_xla")
+    done = subprocess.run([str(venv_python()), "-c", "import notebook_accel"], cwd="/")
+    if done.returncode != 0:
+        raise SystemExit(f"the environment at {target} does not import notebook_accel")
     return venv_python()
 
 
