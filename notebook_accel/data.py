@@ -28,7 +28,7 @@ from torch.utils.data.dataloader import _DatasetKind
 
 from notebook_accel import ops
 from notebook_accel.nested import apply_to_tensors
-from notebook_accel.seeding import preserved_rng_states
+from notebook_accel.seeding import preserved_rng_states, rng_states, set_rng_states
 from notebook_accel.training import GradientState
 
 
@@ -275,6 +275,10 @@ class DataLoaderShard(DataLoader):
         self.remainder = -1
         self._position = 0  # batches of the current epoch already yielded
         self._resume_skip = 0  # batches the next pass skips (set by a resume)
+        # The generators just before the latest read-ahead, and on a resume, those
+        # to read the saved run's read-ahead batch with again.
+        self._rng_before_read_ahead: dict | None = None
+        self._resume_rng_states: dict | None = None
         self._index_skip = 0  # handed to the index sampler when torch builds an iterator
         self._pass_generator_state: torch.Tensor | None = None
 
@@ -295,6 +299,7 @@ class DataLoaderShard(DataLoader):
         """
         if epoch != self.iteration:
             self._resume_skip = 0
+            self._resume_rng_states = None
         self.iteration = epoch
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
@@ -335,9 +340,15 @@ class DataLoaderShard(DataLoader):
             # generator: the saved states already include those draws.
             with preserved_rng_states() if skip else contextlib.nullcontext():
                 batches = self._batches(skip)
+                if skip and self._resume_rng_states is not None:
+                    # The batch read ahead at the save was drawn with the generators
+                    # as they were then (random transforms in the dataset): again.
+                    set_rng_states(self._resume_rng_states)
                 current = next(batches, _END)
+            self._resume_rng_states = None
             while current is not _END:
                 current = self._to_device(current)
+                self._rng_before_read_ahead = rng_states()
                 following = next(batches, _END)
                 self.end_of_dataloader = following is _END
                 self._position += 1
@@ -382,12 +393,14 @@ class DataLoaderShard(DataLoader):
             "batches_yielded": self._position,
             "generator_state": generator_state,
             "sampler_seed": getattr(sampler, "initial_seed", None),
+            "rng_before_read_ahead": self._rng_before_read_ahead if self._position else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at `state`: the next pass continues its epoch after the batches yielded."""
         self.set_epoch(state["epoch"])
         self._resume_skip = state["batches_yielded"]
+        self._resume_rng_states = state.get("rng_before_read_ahead")
         generator = self._shuffle_generator()
         if generator is not None and state.get("generator_state") is not None:
             generator.set_state(state["generator_state"])
