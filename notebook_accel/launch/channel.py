@@ -99,8 +99,13 @@ class ChannelReader:
             end = _HEADER.size + length
             if len(self._buffer) < end:
                 break
-            kind, payload = pickle.loads(bytes(self._buffer[_HEADER.size : end]))
+            body = bytes(self._buffer[_HEADER.size : end])
             del self._buffer[:end]
+            try:
+                kind, payload = pickle.loads(body)
+            except Exception as error:  # noqa: BLE001 - e.g. a class this process lacks
+                messages.append(("unreadable", f"{type(error).__name__}: {error}"))
+                continue
             if kind == "batch":
                 messages.extend(payload)
             else:

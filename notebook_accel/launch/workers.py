@@ -270,6 +270,13 @@ class WorkerGroup:
             self.results[worker.rank] = payload
         elif kind == "error":
             worker.error = payload
+        elif kind == "unreadable":  # the worker runs on, but its message is lost: stop
+            worker.error = {
+                "exception": "UnpicklingError: the launching process could not read what the "
+                f"worker sent back ({payload}); return plain data (tensors, numbers, strings)",
+                "traceback": "",
+                "time": time.time(),
+            }
         else:
             self.observer.on_message(worker.rank, kind, payload)
 

@@ -159,3 +159,24 @@ def test_return_all_keeps_each_value_at_its_rank():
     assert notebook_launcher(
         rank0_returns_nothing, num_processes=2, return_all=True, live=False
     ) == [None, "rank 1"]
+
+
+def returns_an_object_only_the_worker_can_rebuild():
+    import sys
+    import types
+
+    module = types.ModuleType("made_in_the_worker")
+    exec("class Result:\n    pass", module.__dict__)
+    sys.modules["made_in_the_worker"] = module
+    module.Result.__module__ = "made_in_the_worker"
+    return module.Result()
+
+
+def test_a_result_the_kernel_cannot_unpickle_is_a_worker_error():
+    from notebook_accel import WorkerError
+
+    with pytest.raises(WorkerError, match="could not read what the worker sent back"):
+        notebook_launcher(
+            returns_an_object_only_the_worker_can_rebuild, num_processes=2, live=False
+        )
+    assert live_children() == []
