@@ -74,19 +74,7 @@ def hand_written(steps: int):
 def ours(steps: int):
     from notebook_accel import Accelerator
 
-    acc = Accelerator()
-    model = _model()
-    model, opt, loader = acc.prepare(
-        model,
-        torch.optim.SGD(model.parameters(), lr=0.01),
-        DataLoader(_dataset(steps), batch_size=BATCH),
-    )
-    for x, y in loader:
-        with acc.accumulate(model):
-            acc.backward(torch.nn.functional.cross_entropy(model(x), y))
-            opt.step()
-            opt.zero_grad()
-        yield acc.unwrap_model(model)
+    yield from _accelerated_loop(Accelerator(), steps)
 
 
 def theirs(steps: int):
@@ -95,7 +83,11 @@ def theirs(steps: int):
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    acc = accelerate.Accelerator(cpu=True)
+    yield from _accelerated_loop(accelerate.Accelerator(cpu=True), steps)
+
+
+def _accelerated_loop(acc, steps: int):
+    """The same training code for both Accelerators: porting is an import change."""
     model = _model()
     model, opt, loader = acc.prepare(
         model,

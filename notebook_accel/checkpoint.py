@@ -385,6 +385,12 @@ def _weight_problems(
     return problems
 
 
+def _listed(problems: list[str], shown: int = 5) -> str:
+    """The first few problems, and how many more there are."""
+    more = len(problems) - shown
+    return "; ".join(problems[:shown]) + (f"; and {more} more" if more > 0 else "")
+
+
 def _load_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> None:
     model.load_state_dict(tensors, strict=False)
 
@@ -539,9 +545,7 @@ def _read_weights(folder: Path, index: int, model: torch.nn.Module) -> dict[str,
     problems = _weight_problems(tensors, model)
     if problems:
         raise CheckpointError(
-            f"{path} does not fit model {index} ({type(model).__name__}): "
-            + "; ".join(problems[:5])
-            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            f"{path} does not fit model {index} ({type(model).__name__}): " + _listed(problems)
         )
     return tensors
 
@@ -733,9 +737,7 @@ def load_model_weights(
     problems = _weight_problems(tensors, model, strict=strict)
     if problems:
         raise CheckpointError(
-            f"the weights in {folder} do not fit {type(model).__name__}: "
-            + "; ".join(problems[:5])
-            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else "")
+            f"the weights in {folder} do not fit {type(model).__name__}: " + _listed(problems)
         )
     expected = model.state_dict()
     _load_tensors(model, {k: v for k, v in tensors.items() if k in expected})

@@ -25,6 +25,20 @@ ENV_RENDEZVOUS_TIMEOUT = "NOTEBOOK_ACCEL_RENDEZVOUS_TIMEOUT"
 RENDEZVOUS_TIMEOUT_SECONDS = 120.0
 
 
+def process_rank_and_world() -> tuple[int, int]:
+    """This process's rank and the number of processes, without importing torch.
+
+    The process group answers when it is up (and torch is loaded); otherwise the
+    variables a launcher (ours or torchrun) set; outside any launch, (0, 1).
+    """
+    import sys
+
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+
+
 def normalize_precision(value: str | None) -> str:
     """Return a canonical precision name, or raise a ValueError naming the choices."""
     if value is None:

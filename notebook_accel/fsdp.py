@@ -301,14 +301,6 @@ def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=options)
 
 
-def load_full_state_dict(model: torch.nn.Module, state_dict: dict[str, torch.Tensor]) -> None:
-    """Load whole weights that the main process holds into a sharded model (others pass {})."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=_distributed())
-    set_model_state_dict(model, state_dict, options=options)
-
-
 def _state(models: Sequence[torch.nn.Module], optimizers: Sequence[Any]) -> dict[str, Any]:
     from torch.distributed.checkpoint.state_dict import (
         get_model_state_dict,

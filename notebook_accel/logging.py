@@ -13,16 +13,7 @@ import logging
 import os
 from typing import Any
 
-
-def _rank_and_world() -> tuple[int, int]:
-    import sys
-
-    # Only ask torch.distributed if torch is already loaded: logging must stay cheap.
-    if "torch.distributed" in sys.modules:
-        dist = sys.modules["torch.distributed"]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    return int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+from notebook_accel.config import process_rank_and_world
 
 
 class MultiProcessAdapter(logging.LoggerAdapter):
@@ -33,7 +24,7 @@ class MultiProcessAdapter(logging.LoggerAdapter):
         in_order = kwargs.pop("in_order", False)
         if not self.isEnabledFor(level):
             return
-        rank, world = _rank_and_world()
+        rank, world = process_rank_and_world()
         if main_process_only:
             if rank == 0:
                 self.logger.log(level, msg, *args, **kwargs)

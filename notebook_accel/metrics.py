@@ -9,12 +9,12 @@ sets, or is kept in `local_history()`.
 from __future__ import annotations
 
 import numbers
-import os
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from notebook_accel.config import process_rank_and_world
 from notebook_accel.launch.channel import worker_channel
 
 
@@ -50,7 +50,7 @@ def record(values: Mapping[str, Any], step: int | None = None) -> MetricRecord:
         raise TypeError(f"log() takes a dict of metric names to values, got {values!r}.")
     entry = MetricRecord(
         step=None if step is None else int(step),
-        rank=int(os.environ.get("RANK", "0")),
+        rank=process_rank_and_world()[0],
         values={str(name): _plain(name, value) for name, value in values.items()},
         time=time.time(),
     )

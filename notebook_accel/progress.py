@@ -7,10 +7,11 @@ without a hook the bar is drawn with rich, which also renders in notebooks.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, TypeVar
+
+from notebook_accel.config import process_rank_and_world
 
 T = TypeVar("T")
 
@@ -28,13 +29,7 @@ def set_progress_hook(hook: ProgressHook | None) -> ProgressHook | None:
 
 
 def _is_main_process() -> bool:
-    import sys
-
-    if "torch.distributed" in sys.modules:
-        dist = sys.modules["torch.distributed"]
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank() == 0
-    return os.environ.get("RANK", "0") == "0"
+    return process_rank_and_world()[0] == 0
 
 
 def progress_bar(

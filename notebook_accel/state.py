@@ -79,9 +79,6 @@ class Backend:
             )
         return None
 
-    def synchronize(self) -> None:
-        """Wait for queued device work (for honest timings)."""
-
     def barrier(self) -> None:
         dist.barrier()
 
@@ -143,9 +140,6 @@ class CudaBackend(Backend):
                 )
         return None
 
-    def synchronize(self) -> None:
-        torch.cuda.synchronize()
-
     def barrier(self) -> None:
         # Without device_ids nccl guesses the device and warns about it.
         dist.barrier(device_ids=[torch.cuda.current_device()])
@@ -200,9 +194,6 @@ class XlaBackend(Backend):
                 "and the torchao package. Use mixed_precision='bf16' instead."
             )
         return None
-
-    def synchronize(self) -> None:
-        self.xm.wait_device_ops()
 
     def barrier(self) -> None:
         # Cut the graph first: a value read after the barrier on one process alone

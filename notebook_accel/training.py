@@ -32,10 +32,6 @@ class GradientState:
         """Real samples in the last global batch of the running DataLoader (-1: unknown)."""
         return self.active_dataloaders[-1].remainder if self.active_dataloaders else -1
 
-    @property
-    def in_dataloader(self) -> bool:
-        return bool(self.active_dataloaders)
-
 
 class AcceleratedOptimizer(torch.optim.Optimizer):
     """An optimizer whose `step`/`zero_grad` do nothing on accumulation steps.

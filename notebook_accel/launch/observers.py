@@ -14,6 +14,11 @@ from typing import Any
 OUTPUT_CHOICES = ("all", "main", "none")
 
 
+def rank_prefix(rank: int, main_rank: int) -> str:
+    """What goes before a worker's output line: nothing for the main rank."""
+    return "" if rank == main_rank else f"[rank {rank}] "
+
+
 class RunObserver:
     """Receives a run's events. Every method is optional."""
 
@@ -42,8 +47,7 @@ class ConsoleObserver(RunObserver):
         if self.output == "none" or (self.output == "main" and rank != self.main_rank):
             return
         target = sys.stderr if stream == "stderr" else sys.stdout
-        prefix = "" if rank == self.main_rank else f"[rank {rank}] "
-        target.write(prefix + line)
+        target.write(rank_prefix(rank, self.main_rank) + line)
         target.flush()
 
     def on_restart(self, attempt: int, error: BaseException) -> None:

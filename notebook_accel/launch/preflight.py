@@ -122,7 +122,6 @@ class LaunchPlan:
             function=self.function,
             args=self.args,
             kwargs=self.kwargs,
-            world_size=self.world_size,
             node_rank=self.node_rank,
             local_world_size=self.local_world_size,
             environment=self.environment(port, attempt),

@@ -81,10 +81,6 @@ class StopSignal:
                 os.close(self._write)
 
 
-def _call(function: Callable[..., Any], args: tuple, kwargs: dict, *_placement: int) -> Any:
-    return function(*args, **kwargs)
-
-
 @dataclass
 class WorkerSpec:
     """Everything a worker needs, fixed before the first fork."""
@@ -92,16 +88,15 @@ class WorkerSpec:
     function: Callable[..., Any]
     args: tuple
     kwargs: dict
-    world_size: int
     node_rank: int
     local_world_size: int
     environment: dict[str, str]
     threads_per_process: int
     return_all: bool
-    worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
     # Calls the function in the worker: (function, args, kwargs, local_rank,
     # local_world_size) -> value. The XLA backend runs it as a PJRT process.
-    run: Callable[..., Any] = _call
+    run: Callable[..., Any]
+    worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.local_world_size + local_rank
@@ -112,9 +107,6 @@ class _Worker:
     rank: int
     local_rank: int
     process: multiprocessing.process.BaseProcess
-    stdout: int
-    stderr: int
-    channel: int
     buffers: dict[int, LineBuffer] = field(default_factory=dict)
     reader: channel_module.ChannelReader = field(default_factory=channel_module.ChannelReader)
     error: dict | None = None
@@ -178,9 +170,7 @@ class WorkerGroup:
         finally:
             for fd in (out_w, err_w, chan_w):
                 os.close(fd)
-        worker = _Worker(
-            self.spec.global_rank(local_rank), local_rank, process, out_r, err_r, chan_r
-        )
+        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process)
         worker.buffers = {out_r: LineBuffer(), err_r: LineBuffer()}
         self.workers.append(worker)
         for fd, stream in ((out_r, "stdout"), (err_r, "stderr"), (chan_r, "channel")):

@@ -10,7 +10,7 @@ import time
 from collections import deque
 from typing import Any
 
-from notebook_accel.launch.observers import RunObserver
+from notebook_accel.launch.observers import RunObserver, rank_prefix
 from notebook_accel.metrics import MetricRecord
 
 MAX_CURVE_POINTS = 2000
@@ -54,8 +54,7 @@ class RunState(RunObserver):
         self._changed(force=True)
 
     def on_output(self, rank: int, stream: str, line: str) -> None:
-        prefix = "" if rank == self.main_rank else f"[rank {rank}] "
-        self.logs.append(prefix + line)
+        self.logs.append(rank_prefix(rank, self.main_rank) + line)
         self._changed()
 
     def on_message(self, rank: int, kind: str, payload: Any) -> None:
