@@ -7,9 +7,8 @@ compiled. `unwrap_compiled` takes that layer off.
 
 from __future__ import annotations
 
-import os
-import shutil
 import sys
+from collections.abc import Callable
 
 import torch
 
@@ -20,7 +19,7 @@ def plugin_for(
     dynamo_backend: str | None,
     dynamo_plugin: TorchDynamoPlugin | None,
     compile: bool,
-    device: torch.device,
+    compile_problem: Callable[[str], str | None] = lambda backend: None,
 ) -> TorchDynamoPlugin | None:
     """The compile settings from the Accelerator's arguments, or None for no compiling."""
     if dynamo_plugin is not None and dynamo_backend is not None:
@@ -31,17 +30,11 @@ def plugin_for(
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     if not dynamo_plugin.enabled:
         return None
-    if dynamo_plugin.backend == "inductor" and device.type == "cpu" and not _cpp_compiler():
-        raise RuntimeError(
-            "torch.compile's default backend 'inductor' generates C++ for the CPU and needs "
-            "a C++ compiler (g++ or clang++; on Debian/Ubuntu: apt-get install g++), or set "
-            "the CXX environment variable. Without one, use dynamo_backend='aot_eager'."
-        )
+    # The device's platform knows what its compiler backend needs (C++ on the CPU).
+    problem = compile_problem(dynamo_plugin.backend)
+    if problem:
+        raise RuntimeError(problem)
     return dynamo_plugin
-
-
-def _cpp_compiler() -> str | None:
-    return os.environ.get("CXX") or shutil.which("g++") or shutil.which("clang++")
 
 
 def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn.Module:

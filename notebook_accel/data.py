@@ -564,24 +564,3 @@ def prepare_data_loader(
         remainder_known=remainder_known,
         **kwargs,
     )
-
-
-class XlaDataLoaderShard(DataLoaderShard):
-    """A DataLoaderShard for XLA devices: each batch starts a new lazy graph.
-
-    Before a batch goes to the device, the graph the previous step built is
-    cut and sent off to run (`torch_xla.sync()`, which does not wait), as
-    torch_xla's MpDeviceLoader does on each `next`; without the cut, graphs
-    would grow step after step. The transfer itself happens here, in the
-    training thread, not in MpDeviceLoader's background threads: there an
-    exception raised by the dataset ends the thread, and the epoch, early and
-    silently, and their shuffling would draw from the global generator
-    concurrently with the training loop.
-    """
-
-    def _to_device(self, batch: Any) -> Any:
-        if self.device is not None:
-            import torch_xla
-
-            torch_xla.sync()
-        return super()._to_device(batch)

@@ -63,6 +63,7 @@ def shard_model(
     plugin: FullyShardedDataParallelPlugin,
     precision: str,
     device: torch.device,
+    pin_memory: bool = False,
 ) -> ShardMap:
     """Shard `model` in place over all processes; return which shard replaced which parameter."""
     import torch.distributed as dist
@@ -76,9 +77,9 @@ def shard_model(
         # An explicit mesh: torch's default follows the machine's accelerator, not `cpu=True`.
         "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),
         "mp_policy": mixed_precision_policy(plugin, precision),
-        # Pinned memory needs a GPU; on CPU-only torch it fails with
-        # "Cannot access accelerator device when none is available".
-        "offload_policy": CPUOffloadPolicy(pin_memory=device.type == "cuda")
+        # Pinned memory needs a GPU (the platform says); on CPU-only torch it fails
+        # with "Cannot access accelerator device when none is available".
+        "offload_policy": CPUOffloadPolicy(pin_memory=pin_memory)
         if plugin.cpu_offload
         else OffloadPolicy(),
     }

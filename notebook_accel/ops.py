@@ -2,9 +2,9 @@
 
 Every function is a no-op (or a copy) in a single process, so training code
 runs unchanged with one process or many. The primitive collectives come from
-one small class per backend: `Collectives` (torch.distributed: gloo, nccl),
-which reads the world from the process group the `Accelerator` initialised,
-and `XlaCollectives` (torch_xla), which the `Accelerator` selects on TPUs.
+`Collectives` (torch.distributed: gloo, nccl), which reads the world from the
+process group the `Accelerator` initialised, or a platform's own subclass
+(platforms/xla.py), which the process state installs.
 """
 
 from __future__ import annotations
@@ -21,14 +21,22 @@ REDUCTIONS = ("sum", "mean", "max")
 
 
 class Collectives:
-    """The primitive collectives over torch.distributed's default group."""
+    """The primitive collectives over torch.distributed's default group.
+
+    `staging` gives the device that tensors on other devices go through (nccl
+    moves only CUDA tensors: a generator state or a number made into a tensor
+    makes the round trip through the current GPU); None: every device works.
+    """
+
+    def __init__(self, staging: Callable[[], torch.device | None] | None = None) -> None:
+        self._staging = staging
 
     def world_size(self) -> int:
         return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         """Every process's `tensor` (at least 1-d, same shape), concatenated along dim 0."""
-        return _on_comm_device(self._all_gather)(tensor)
+        return self._on_comm_device(self._all_gather, tensor)
 
     def _all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         parts = [torch.empty_like(tensor) for _ in range(self.world_size())]
@@ -38,11 +46,20 @@ class Collectives:
     def all_reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
         """`tensor` summed ("sum") or maxed ("max") over the processes, in place."""
         op = dist.ReduceOp.MAX if reduction == "max" else dist.ReduceOp.SUM
-        return _on_comm_device(lambda t: (dist.all_reduce(t, op), t)[1])(tensor)
+        return self._on_comm_device(lambda t: (dist.all_reduce(t, op), t)[1], tensor)
 
     def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
         """`src`'s values of `tensor` (the result may be a copy on another device)."""
-        return _on_comm_device(lambda t: (dist.broadcast(t, src=src), t)[1])(tensor)
+        return self._on_comm_device(lambda t: (dist.broadcast(t, src=src), t)[1], tensor)
+
+    def _on_comm_device(
+        self, op: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor
+    ) -> torch.Tensor:
+        """Run `op` where the backend can talk, and come back to the input's device."""
+        staging = self._staging() if self._staging and self.world_size() > 1 else None
+        if staging is None or tensor.device.type == staging.type:
+            return op(tensor)
+        return op(tensor.to(staging)).to(tensor.device)
 
     def all_gather_object(self, obj: Any) -> list:
         gathered: list[Any] = [None] * self.world_size()
@@ -53,82 +70,20 @@ class Collectives:
         dist.broadcast_object_list(objects, src=src)
 
 
-class XlaCollectives(Collectives):
-    """The same collectives through torch_xla (TPU cores, or XLA's CPU device).
-
-    XLA tensors are lazy: each collective ends with a graph cut, so that every
-    process runs the same graph up to it, and a value read afterwards on one
-    process alone (say, a metric on the main process) does not run a collective
-    that the others would run in a different graph.
-    """
-
-    def __init__(self) -> None:
-        import torch_xla
-        import torch_xla.core.xla_model as xm
-        import torch_xla.runtime as xr
-
-        self._torch_xla, self._xm, self._xr = torch_xla, xm, xr
-
-    def world_size(self) -> int:
-        return self._xr.world_size()
-
-    def _on_device(self, op: Callable[[torch.Tensor], torch.Tensor], tensor: torch.Tensor):
-        moved = tensor if tensor.device.type == "xla" else tensor.to(self._torch_xla.device())
-        result = op(moved)
-        self._torch_xla.sync()
-        return result if result.device == tensor.device else result.to(tensor.device)
-
-    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
-        return self._on_device(lambda t: self._xm.all_gather(t, dim=0), tensor)
-
-    def all_reduce(self, tensor: torch.Tensor, reduction: str) -> torch.Tensor:
-        kind = self._xm.REDUCE_MAX if reduction == "max" else self._xm.REDUCE_SUM
-        return tensor.copy_(self._on_device(lambda t: self._xm.all_reduce(kind, t), tensor))
-
-    def broadcast(self, tensor: torch.Tensor, src: int) -> torch.Tensor:
-        def broadcast_one(moved: torch.Tensor) -> torch.Tensor:
-            self._xm.collective_broadcast([moved], root_ordinal=src)
-            return moved
-
-        return self._on_device(broadcast_one, tensor)
-
-    def all_gather_object(self, obj: Any) -> list:
-        return self._xm.mesh_reduce("notebook_accel.gather_object", obj, list)
-
-    def broadcast_object_list(self, objects: list, src: int) -> None:
-        chosen = self._xm.mesh_reduce(
-            "notebook_accel.broadcast_object_list", list(objects), lambda every: every[src]
-        )
-        objects[:] = chosen
-
-
 _collectives: Collectives = Collectives()
 
 
-def use_collectives(collectives: Collectives) -> None:
-    """Route the functions below through `collectives` (the Accelerator's backend picks)."""
+def use_collectives(collectives: Collectives) -> Collectives:
+    """Route the functions below through `collectives` (the process state's platform
+    picks them); returns the previous ones, so a caller can put them back."""
     global _collectives
-    _collectives = collectives
+    previous, _collectives = _collectives, collectives
+    return previous
 
 
 def world_size() -> int:
     """Number of processes taking part (1 when there is no group)."""
     return _collectives.world_size()
-
-
-def _on_comm_device(op: Callable[[torch.Tensor], torch.Tensor]) -> Callable:
-    """Run `op` on a device the backend can talk through, and return to the input's device.
-
-    nccl only moves CUDA tensors; a CPU tensor (a generator state, a Python
-    number made into a tensor) makes the round trip through the current GPU.
-    """
-
-    def run(tensor: torch.Tensor) -> torch.Tensor:
-        if tensor.device.type == "cpu" and world_size() > 1 and dist.get_backend() == "nccl":
-            return op(tensor.to(torch.device("cuda", torch.cuda.current_device()))).cpu()
-        return op(tensor)
-
-    return run
 
 
 def _gather_one(tensor: torch.Tensor) -> torch.Tensor:

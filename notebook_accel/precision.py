@@ -15,7 +15,7 @@ import torch
 from notebook_accel.config import normalize_precision
 from notebook_accel.kwargs import AutocastKwargs, GradScalerKwargs
 from notebook_accel.nested import apply_to_tensors
-from notebook_accel.state import Backend
+from notebook_accel.platforms import Platform
 
 # fp8 training keeps bf16 autocast for everything that is not a float8 matmul.
 _AUTOCAST_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp8": torch.bfloat16}
@@ -27,15 +27,14 @@ class Precision:
     def __init__(
         self,
         name: str | None,
-        backend: Backend,
+        platform: Platform,
         device: torch.device,
         autocast_kwargs: AutocastKwargs | None = None,
         scaler_kwargs: GradScalerKwargs | None = None,
     ) -> None:
         self.name = normalize_precision(name)
-        problem = backend.precision_problem(self.name)
-        if problem:
-            raise ValueError(problem)
+        # The same check, and message, as the launcher's, on what this process sees.
+        platform.check_precision(self.name, platform.process_hardware())
         self.device_type = device.type
         self.dtype = _AUTOCAST_DTYPES.get(self.name)
         self.autocast_kwargs = autocast_kwargs or AutocastKwargs()

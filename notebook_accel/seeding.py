@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-import sys
 from collections.abc import Iterator
 
 
@@ -31,10 +30,11 @@ def set_seed(seed: int, device_specific: bool = False, deterministic: bool = Fal
         pass
     else:
         numpy.random.seed(seed % 2**32)
+    from notebook_accel.platforms import PLATFORMS
+
     torch.manual_seed(seed)  # seeds the CPU and every CUDA device
-    xm = _xla_model()
-    if xm is not None:
-        xm.set_rng_state(seed)
+    for platform in PLATFORMS.values():
+        platform.manual_seed(seed)
     if deterministic:
         torch.use_deterministic_algorithms(True)
 
@@ -47,16 +47,14 @@ def rng_states() -> dict:
     """
     import torch
 
+    from notebook_accel.platforms import PLATFORMS
+
     states: dict = {"python": random.getstate(), "torch": torch.get_rng_state()}
     numpy = _numpy()
     if numpy is not None:
         states["numpy"] = numpy.random.get_state()
-    # Only read CUDA states where CUDA is already running: reading them would start it.
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    xm = _xla_model()
-    if xm is not None:
-        states["xla"] = xm.get_rng_state()
+    for platform in PLATFORMS.values():  # the devices in use (none is started here)
+        states.update(platform.rng_states())
     return states
 
 
@@ -69,20 +67,10 @@ def set_rng_states(states: dict) -> None:
     numpy = _numpy()
     if numpy is not None and "numpy" in states:
         numpy.random.set_state(states["numpy"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    xm = _xla_model()
-    if "xla" in states and xm is not None:
-        xm.set_rng_state(states["xla"])
+    from notebook_accel.platforms import PLATFORMS
 
-
-def _xla_model():
-    """torch_xla's xla_model, only where torch_xla is in use (never imported here)."""
-    if "torch_xla" not in sys.modules:
-        return None
-    import torch_xla.core.xla_model as xm
-
-    return xm
+    for platform in PLATFORMS.values():
+        platform.set_rng_states(states)
 
 
 @contextlib.contextmanager

@@ -40,7 +40,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     gradient overflowed; `step_was_skipped` then says so, and the schedulers
     prepared with it do not advance.
 
-    `backend` (the process state's) averages the gradients over the processes
+    `platform` (the process state's) averages the gradients over the processes
     before the step where no DDP wrapper did (XLA), and ends the step (on XLA,
     a graph cut, as `xm.optimizer_step(barrier=True)` does).
     """
@@ -51,12 +51,12 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         optimizer: torch.optim.Optimizer,
         gradient_state: GradientState,
         scaler: torch.amp.GradScaler | None = None,
-        backend: Any = None,
+        platform: Any = None,
     ) -> None:
         self.optimizer = optimizer
         self.gradient_state = gradient_state
         self.scaler = scaler
-        self.backend = backend
+        self.platform = platform
         self.step_was_skipped = False
         self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
         self.gradients_reduced = False  # set by reduce_gradients until the step
@@ -105,8 +105,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
 
     def reduce_gradients(self) -> None:
         """Average the gradients over the processes, once per step, where DDP did not."""
-        if self.backend is not None and not self.gradients_reduced:
-            self.backend.reduce_gradients(self.optimizer)
+        if self.platform is not None and not self.gradients_reduced:
+            self.platform.reduce_gradients(self.optimizer)
             self.gradients_reduced = True
 
     def step(self, closure: Any = None) -> Any:
@@ -119,8 +119,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         else:
             result = self._scaled_step(closure)
-        if self.backend is not None:
-            self.backend.end_step()
+        if self.platform is not None:
+            self.platform.end_step()
         return result
 
     def _scaled_step(self, closure: Any) -> Any:

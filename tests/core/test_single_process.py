@@ -66,7 +66,7 @@ def test_launch_settings_apply_and_explicit_arguments_win(monkeypatch):
 def test_bad_precision_and_fp8_on_cpu_are_refused_before_training():
     with pytest.raises(ValueError, match="fp16, bf16, fp8"):
         Accelerator(mixed_precision="fp9")
-    with pytest.raises(ValueError, match="compute capability 8.9.*torchao.*CPU"):
+    with pytest.raises(ValueError, match="compute capability 8.9.*torchao"):
         Accelerator(mixed_precision="fp8")
     with pytest.raises(ValueError, match="gradient_accumulation_steps"):
         Accelerator(gradient_accumulation_steps=0)
@@ -287,13 +287,12 @@ def test_dataloader_config_options_reach_the_loader():
 def test_fp8_on_an_older_gpu_names_each_missing_piece(monkeypatch):
     import importlib.util
 
-    from notebook_accel.state import CudaBackend
+    from notebook_accel.platforms import CudaPlatform, GpuInfo, Hardware
 
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "A100")
+    a100 = Hardware(gpus=(GpuInfo(0, "A100", 40 << 30, (8, 0)),))
+    h100 = Hardware(gpus=(GpuInfo(0, "H100", 80 << 30, (9, 0)),))
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)
-    problem = CudaBackend().precision_problem("fp8")
-    assert "8.9" in problem and "A100 is 8.0" in problem and "torchao" in problem
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    problem = CudaPlatform().precision_problem("fp8", a100)
+    assert "8.9" in problem and "A100 has 8.0" in problem and "torchao" in problem
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())
-    assert CudaBackend().precision_problem("fp8") is None
+    assert CudaPlatform().precision_problem("fp8", h100) is None

@@ -59,10 +59,10 @@ def train(checkpoint_dir: str) -> dict:
     accelerator.wait_for_everyone()
     weights = torch.nn.utils.parameters_to_vector(model.parameters()).detach().cpu()
 
-    # xm.save through the backend's hook: written on the main process, read on the CPU.
+    # xm.save through the platform's hook: written on the main process, read on the CPU.
     path = os.path.join(checkpoint_dir, "model.pt")
     if accelerator.is_main_process:
-        accelerator.state.backend.save(model.state_dict(), path)
+        accelerator.state.platform.save(model.state_dict(), path)
     accelerator.wait_for_everyone()
     saved = torch.load(path, map_location="cpu")
     with torch.no_grad():

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel.launch import hardware
-from notebook_accel.launch.backends import LaunchRefused
-from notebook_accel.launch.hardware import Hardware, XlaInfo, detect_xla
+from notebook_accel import platforms
 from notebook_accel.launch.preflight import plan_launch
+from notebook_accel.platforms import Hardware, LaunchRefused, XlaInfo
+from notebook_accel.platforms.xla import detect_xla
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -126,11 +126,13 @@ def test_missing_libtpu_is_reported(tmp_path):
 
 
 def test_detect_reports_tpu_cores_and_prefers_xla(monkeypatch):
-    monkeypatch.setattr(hardware, "detect_xla", lambda environ: XlaInfo("TPU", 4, 2))
-    found = hardware.detect()
+    monkeypatch.setattr(platforms, "detect_xla", lambda environ: XlaInfo("TPU", 4, 2))
+    found = platforms.detect_hardware()
     assert found.tpu_cores == 8 and found.accelerator == "xla"
-    monkeypatch.setattr(hardware, "detect_xla", lambda environ: XlaInfo("CPU", 1, 1))
-    assert hardware.detect().accelerator == "cpu"  # XLA's CPU device only when asked for
+    assert platforms.offered_platforms(found)[0] == "xla"
+    monkeypatch.setattr(platforms, "detect_xla", lambda environ: XlaInfo("CPU", 1, 1))
+    found = platforms.detect_hardware()
+    assert found.accelerator == "cpu"  # XLA's CPU device only when asked for
 
 
 # -- preflight -----------------------------------------------------------------------
@@ -148,12 +150,12 @@ def torch_xla_installed(monkeypatch):
 
 def test_all_cores_one_process_per_chip(torch_xla_installed):
     plan = plan_launch(function=train, hardware=V3_8)
-    assert plan.backend.name == "xla"
+    assert plan.platform.name == "xla"
     assert plan.local_world_size == 4  # two cores per v3 chip, one process each chip
     assert not plan.in_process
     plan = plan_launch(function=train, hardware=V5E_8, num_processes=8)
     assert plan.local_world_size == 8
-    assert plan.worker_spec(port=1, attempt=0).run == plan.backend.run_in_worker
+    assert plan.worker_spec(port=1, attempt=0).run == plan.platform.run_in_worker
 
 
 def test_one_core_is_forked_too(torch_xla_installed):
@@ -169,9 +171,9 @@ def test_one_core_is_forked_too(torch_xla_installed):
         (V5E_8, {"num_processes": 4}, ValueError, "Pass num_processes=8 or 1"),
         (V5E_8, {"num_processes": 16}, ValueError, "but this machine has 8"),
         (V5E_8, {"mixed_precision": "fp16"}, ValueError, "use mixed_precision='bf16'"),
-        (V5E_8, {"mixed_precision": "fp8"}, ValueError, "on TPUs use bf16"),
+        (V5E_8, {"mixed_precision": "fp8"}, ValueError, "fp8 needs a CUDA GPU"),
         (V5E_8, {"num_nodes": 2}, ValueError, "runs on one machine"),
-        (V5E_8, {"backend": "xla", "devices": [0]}, ValueError, "needs the cuda backend"),
+        (V5E_8, {"backend": "xla", "devices": [0]}, ValueError, "devices= chooses GPUs"),
         (XLA_CPU_2, {"backend": "xla", "num_processes": 2}, ValueError, "collectives deadlock"),
         (NO_TPU, {"backend": "xla"}, RuntimeError, "set PJRT_DEVICE=CPU"),
     ],
@@ -222,13 +224,12 @@ def test_nothing_imports_torch_xla_before_the_fork(tmp_path):
     script = textwrap.dedent(
         """
         import sys
-        from notebook_accel.launch import hardware
-        from notebook_accel.launch.hardware import Hardware, XlaInfo
+        from notebook_accel.platforms import Hardware, XlaInfo, detect_hardware
         from notebook_accel.launch.preflight import plan_launch
-        hardware.detect()
+        detect_hardware()
         machine = Hardware(tpu_cores=8, xla=XlaInfo("TPU", 8, 1))
         plan = plan_launch(function=print, hardware=machine, num_processes=8)
-        assert plan.backend.name == "xla"
+        assert plan.platform.name == "xla"
         plan_launch(function=print, hardware=machine, backend="cpu", num_processes=2)
         assert "torch_xla" not in sys.modules, "torch_xla was imported"
         print("ok")

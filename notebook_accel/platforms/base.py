@@ -1,0 +1,287 @@
+"""What every platform answers: the kernel's half and the worker's half.
+
+A platform is one kind of device (CPU cores, CUDA GPUs, TPU cores through
+XLA). The launching process asks it how many workers the machine takes,
+which precisions it can run, whether it is still safe to fork, and what
+each worker's environment holds, all from a `Hardware` snapshot and without
+touching the device. A worker asks the same class where it runs, how it joins
+the others, which collectives and loader to use, and how to save. The
+launch plan carries only the platform's name; the worker looks the class up
+in the registry (platforms/__init__.py).
+"""
+
+from __future__ import annotations
+
+import atexit
+import enum
+import os
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from notebook_accel import ops
+from notebook_accel.config import ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS
+from notebook_accel.data import DataLoaderShard
+from notebook_accel.kwargs import InitProcessGroupKwargs
+from notebook_accel.platforms.hardware import Hardware, cpu_cores
+
+
+class DistributedType(str, enum.Enum):
+    """How the processes cooperate (Accelerate's names; compares equal to the strings)."""
+
+    NO = "NO"
+    MULTI_CPU = "MULTI_CPU"
+    MULTI_GPU = "MULTI_GPU"
+    XLA = "XLA"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+class LaunchRefused(RuntimeError):
+    """The kernel is in a state that forked workers cannot run from."""
+
+
+class Platform:
+    """One kind of device. Subclasses set the class attributes and override what differs."""
+
+    name: str = ""
+    process_group_backend: str = ""
+    distributed_type: DistributedType = DistributedType.MULTI_CPU
+    device_noun: str = "device"
+    # num_processes=1 runs the function in the launching process itself.
+    single_worker_in_process: bool = True
+    supports_multinode: bool = True
+    # Gradients are all-reduced by DistributedDataParallel during backward.
+    wraps_model_in_ddp: bool = True
+    # The person picks devices by index (GPUs), rather than a number of workers.
+    chooses_devices: bool = False
+    # The person may choose any number of workers (CPU processes share the cores).
+    free_process_count: bool = False
+    # Host memory for copies to this device can be pinned (page-locked).
+    pins_host_memory: bool = False
+
+    # -- the kernel's half: asked before anything starts -------------------------
+
+    def device_count(self, hardware: Hardware) -> int:
+        """Devices of this kind on the machine, counted without initialising them."""
+        raise NotImplementedError
+
+    def offered(self, hardware: Hardware) -> bool:
+        """Whether the panel and the default choice should offer this platform here."""
+        return self.device_count(hardware) > 0
+
+    def check_available(self, hardware: Hardware) -> None:
+        """Raise if this platform cannot run on this machine at all."""
+
+    def default_num_processes(self, hardware: Hardware) -> int:
+        """Workers a launch starts when the caller does not say."""
+        return self.device_count(hardware)
+
+    def processes_for(self, hardware: Hardware, devices: list[int], asked: int) -> int:
+        """Workers the panel's choices start: by default, as many as asked."""
+        return asked
+
+    def worker_processes(self, num_processes: int, hardware: Hardware) -> int:
+        """How many worker processes run `num_processes` devices (raise if none can)."""
+        return num_processes
+
+    def oversubscription_allowed(self) -> bool:
+        """Whether more workers than devices is a warning rather than an error."""
+        return False
+
+    def precision_problem(self, precision: str, hardware: Hardware) -> str | None:
+        """Why `precision` cannot run on `hardware`, or None when it can.
+
+        The one answer the launcher, the panel, the command line and
+        `Accelerator()` all give (see `check_precision`).
+        """
+        if precision == "fp8":
+            return (
+                "fp8 needs a CUDA GPU of compute capability 8.9 or newer (H100, L4, RTX 40xx) "
+                "and the torchao package; use mixed_precision='bf16'"
+            )
+        return None
+
+    def check_precision(self, precision: str, hardware: Hardware) -> None:
+        """Raise ValueError when `precision` cannot run on `hardware`."""
+        problem = self.precision_problem(precision, hardware)
+        if problem:
+            raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}.")
+
+    def check_parent_is_clean(self) -> None:
+        """Raise LaunchRefused if this process can no longer fork working workers."""
+
+    def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
+        """Extra environment variables for one worker."""
+        return {}
+
+    # -- the worker's half: asked inside a worker (or a single process) ------------
+
+    def process_hardware(self) -> Hardware:
+        """What this process can see, for the precision check in `Accelerator()`."""
+        return Hardware(cpu_cores=cpu_cores())
+
+    def run_in_worker(
+        self,
+        function: Callable[..., Any],
+        args: tuple,
+        kwargs: dict,
+        local_rank: int,
+        local_world_size: int,
+    ) -> Any:
+        """Call the user's function inside a forked worker; return its value."""
+        return function(*args, **kwargs)
+
+    def placement(self) -> tuple[int, int, int, int]:
+        """(rank, world size, local rank, local world size) of this process."""
+        env = os.environ
+        world = int(env.get("WORLD_SIZE", "1"))
+        rank = int(env.get("RANK", "0"))
+        if dist.is_available() and dist.is_initialized():
+            world, rank = dist.get_world_size(), dist.get_rank()
+        local_rank = int(env.get("LOCAL_RANK", str(rank)))
+        local_world = int(env.get("LOCAL_WORLD_SIZE", str(world)))
+        return rank, world, local_rank, local_world
+
+    def join(self, init_kwargs: InitProcessGroupKwargs) -> None:
+        """Join the other processes (called when the world is larger than one)."""
+        if not dist.is_initialized():
+            join_process_group(self.process_group_backend, init_kwargs)
+
+    def collectives(self) -> ops.Collectives:
+        """The primitive collectives `notebook_accel.ops` runs on."""
+        return ops.Collectives()
+
+    def device(self, local_rank: int) -> torch.device:
+        """The device this process trains on."""
+        return torch.device("cpu")
+
+    def compile_problem(self, backend: str) -> str | None:
+        """Why torch.compile's `backend` cannot compile for this device, or None."""
+        return None
+
+    def ddp_kwargs(self, device: torch.device) -> dict[str, Any]:
+        """DistributedDataParallel arguments this device needs."""
+        return {}
+
+    def barrier(self) -> None:
+        """Wait until every process gets here."""
+        dist.barrier()
+
+    def reduce_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Average the gradients of `optimizer` over the processes, where the model
+        wrapper has not done it already (DDP has)."""
+
+    def end_step(self) -> None:
+        """Called after each optimizer step that updated the weights."""
+
+    def save(self, obj: object, path: str | os.PathLike) -> None:
+        """Write `obj` (tensors on this device included) so `torch.load` reads it on
+        the CPU. Called by the process that writes, after `barrier()`."""
+        torch.save(obj, path)
+
+    def data_loader_class(self) -> type[DataLoaderShard]:
+        """The DataLoaderShard class that feeds this device."""
+        return DataLoaderShard
+
+    def rng_states(self) -> dict[str, Any]:
+        """This device's random generator states, where the device is in use."""
+        return {}
+
+    def set_rng_states(self, states: dict[str, Any]) -> None:
+        """Put back what `rng_states()` returned."""
+
+    def peak_device_bytes(self) -> int | None:
+        """The most device memory this process held, where the device reports it."""
+        return None
+
+    def empty_cache(self) -> None:
+        """Give cached device memory back (after `Accelerator.free_memory`)."""
+
+    def manual_seed(self, seed: int) -> None:
+        """Seed this device's generators (torch.manual_seed covers CPU and CUDA)."""
+
+
+def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwargs) -> None:
+    """`init_process_group` from the launch's environment, with a short wait to meet."""
+    if not dist.is_available():
+        raise RuntimeError(
+            "This torch build has no torch.distributed; it cannot run several processes."
+        )
+    if "MASTER_ADDR" not in os.environ and kwargs.init_method is None:
+        raise RuntimeError(
+            "WORLD_SIZE > 1 but MASTER_ADDR is not set, so this process cannot find the others. "
+            "Start the processes with notebook_launcher(...) or torchrun."
+        )
+    timeout = _timeout(kwargs)
+    backend = kwargs.backend or process_group_backend
+    if kwargs.init_method not in (None, "env://"):
+        dist.init_process_group(
+            backend,
+            init_method=kwargs.init_method,
+            **({"timeout": timeout} if timeout else {}),
+        )
+        return
+    # Meeting the others gets a short timeout of its own: a process that never
+    # joins must not leave the rest waiting for the 30-minute collective timeout.
+    waited = float(os.environ.get(ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS))
+    try:
+        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=waited)))
+        # gloo and nccl wait for missing peers with the collective timeout (30
+        # minutes), so first wait here, at the store, with the short one.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        key = f"notebook_accel/joined/{attempt}/"
+        store.set(f"{key}{rank}", "1")
+        store.wait([f"{key}{peer}" for peer in range(world)], timedelta(seconds=waited))
+        # From here on the store serves the group (nccl reads its communicator id
+        # from it at the first collective): give it the group's own timeout.
+        store.set_timeout(timeout or dist.default_pg_timeout)
+        dist.init_process_group(
+            backend,
+            store=store,
+            rank=rank,
+            world_size=world,
+            **({"timeout": timeout} if timeout else {}),
+        )
+    except (dist.DistStoreError, dist.DistNetworkError) as error:
+        raise _rendezvous_error(waited, error) from error
+    # Workers started by notebook_launcher leave with os._exit and skip this;
+    # under torchrun the interpreter exits normally, and a process group still
+    # alive then can abort the process ("terminate called without an active
+    # exception") from its threads' destructors.
+    atexit.register(_leave_process_group)
+
+
+def _timeout(kwargs: InitProcessGroupKwargs) -> timedelta | None:
+    if kwargs.timeout is None:
+        return None
+    if isinstance(kwargs.timeout, timedelta):
+        return kwargs.timeout
+    return timedelta(seconds=kwargs.timeout)
+
+
+def _leave_process_group() -> None:
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    try:
+        if dist.get_backend() == "gloo":
+            # A barrier first: destroy right after the last collective can hang a rank.
+            dist.monitored_barrier(timeout=timedelta(seconds=30))
+    except RuntimeError:
+        pass  # a peer is gone; leave anyway
+    finally:
+        dist.destroy_process_group()
+
+
+def _rendezvous_error(waited: float, error: Exception) -> RuntimeError:
+    return RuntimeError(
+        f"rank {os.environ.get('RANK', '?')} waited {waited:.0f} s for all "
+        f"{os.environ.get('WORLD_SIZE', '?')} processes to join and gave up ({error}). "
+        "Every process must create its Accelerator (or join the process group); on "
+        "several machines, check that every machine was started with the same "
+        "master address and port."
+    )

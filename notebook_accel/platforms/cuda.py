@@ -1,0 +1,266 @@
+"""CUDA GPUs: one worker per GPU, joined by nccl.
+
+Everything the launching process reads about GPUs goes through NVML (the
+management library, which is fork-safe): a parent that initialised the CUDA
+driver leaves forked workers unable to use the GPUs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import os
+from functools import lru_cache
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from notebook_accel import ops
+from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
+from notebook_accel.platforms.hardware import GpuInfo, Hardware, cpu_cores
+
+
+class CudaPlatform(Platform):
+    """One process per GPU; the kernel never touches the CUDA driver."""
+
+    name = "cuda"
+    process_group_backend = "nccl"
+    distributed_type = DistributedType.MULTI_GPU
+    device_noun = "GPU"
+    chooses_devices = True
+    pins_host_memory = True
+
+    # -- the kernel's half -------------------------------------------------------
+
+    def device_count(self, hardware: Hardware) -> int:
+        return len(hardware.gpus)
+
+    def processes_for(self, hardware: Hardware, devices: list[int], asked: int) -> int:
+        return len(devices)  # one worker per chosen GPU
+
+    def precision_problem(self, precision: str, hardware: Hardware) -> str | None:
+        capabilities = [gpu.capability for gpu in hardware.gpus if gpu.capability]
+        oldest = min(capabilities) if capabilities else None
+        name = next((gpu.name for gpu in hardware.gpus if gpu.capability == oldest), "GPU")
+        if precision == "bf16" and oldest is not None and oldest < (8, 0):
+            return (
+                f"bf16 needs compute capability 8.0 (Ampere) or newer; this {name} has "
+                f"{oldest[0]}.{oldest[1]}; use mixed_precision='fp16'"
+            )
+        if precision == "fp8":
+            missing = []
+            if oldest is not None and oldest < (8, 9):
+                missing.append(f"(this {name} has {oldest[0]}.{oldest[1]})")
+            if importlib.util.find_spec("torchao") is None:
+                missing.append("and the torchao package (pip install torchao)")
+            if missing:
+                return (
+                    "fp8 needs compute capability 8.9 (Ada, Hopper) or newer "
+                    + " ".join(missing)
+                    + "; use mixed_precision='bf16'"
+                )
+        return None
+
+    def check_parent_is_clean(self) -> None:
+        if torch.cuda.is_initialized():
+            raise LaunchRefused(
+                "CUDA is already initialised in this kernel, so forked workers cannot "
+                "use the GPUs. A cell touched a GPU before the launch (for example "
+                "model.to('cuda'), torch.cuda.get_device_name() or a tensor on 'cuda'). "
+                "Restart the kernel and run the cells in order, creating models and "
+                "tensors on the GPU only inside the training function."
+            )
+        if _cuda_driver_initialised():
+            raise LaunchRefused(
+                "The CUDA driver is already initialised in this kernel (by a library "
+                "other than torch, or torch.cuda.is_available() with "
+                "PYTORCH_NVML_BASED_CUDA_CHECK=0), so forked workers cannot use the GPUs. "
+                "Restart the kernel and launch before anything touches CUDA."
+            )
+
+    def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
+        if devices is None:
+            return {}
+        # `devices` counts the GPUs this process sees; when CUDA_VISIBLE_DEVICES
+        # already narrows them, index into that list rather than the machine's.
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        names = [name.strip() for name in visible.split(",")] if visible else None
+        chosen = [names[index] if names else str(index) for index in devices]
+        return {"CUDA_VISIBLE_DEVICES": ",".join(chosen)}
+
+    # -- the worker's half -------------------------------------------------------
+
+    def process_hardware(self) -> Hardware:
+        # Inside the worker CUDA may be initialised: this is the device it uses.
+        index = torch.cuda.current_device()
+        properties = torch.cuda.get_device_properties(index)
+        gpu = GpuInfo(
+            index,
+            properties.name,
+            properties.total_memory,
+            (properties.major, properties.minor),
+        )
+        return Hardware(gpus=(gpu,), cpu_cores=cpu_cores())
+
+    def collectives(self) -> ops.Collectives:
+        # nccl only moves CUDA tensors: CPU ones go through this process's GPU.
+        return ops.Collectives(staging=_nccl_staging_device)
+
+    def device(self, local_rank: int) -> torch.device:
+        if local_rank >= torch.cuda.device_count():
+            raise RuntimeError(
+                f"This process has LOCAL_RANK={local_rank} but sees only "
+                f"{torch.cuda.device_count()} CUDA device(s). Start at most one process per GPU, "
+                "or pass cpu=True to train on the CPU."
+            )
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+
+    def ddp_kwargs(self, device: torch.device) -> dict[str, Any]:
+        return {"device_ids": [device.index], "output_device": device.index}
+
+    def barrier(self) -> None:
+        # Without device_ids nccl guesses the device and warns about it.
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+
+    def peak_device_bytes(self) -> int | None:
+        return torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None
+
+    def empty_cache(self) -> None:
+        torch.cuda.empty_cache()
+
+    def rng_states(self) -> dict[str, Any]:
+        # Only read where CUDA is already running: reading them would start it.
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            return {"cuda": torch.cuda.get_rng_state_all()}
+        return {}
+
+    def set_rng_states(self, states: dict[str, Any]) -> None:
+        if "cuda" in states and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _nccl_staging_device() -> torch.device | None:
+    if dist.get_backend() != "nccl":  # a gloo group (InitProcessGroupKwargs) moves CPU tensors
+        return None
+    return torch.device("cuda", torch.cuda.current_device())
+
+
+# -- counting GPUs without initialising CUDA --------------------------------------
+
+
+def detect_gpus() -> tuple[GpuInfo, ...]:
+    """The GPUs torch will see, numbered as torch numbers them, read through NVML."""
+    count = cuda_device_count()
+    details = {gpu.index: gpu for gpu in _nvml_gpus()} if count else {}
+    visible = _visible_indices(count)
+    return tuple(
+        GpuInfo(local, *_fields(details.get(physical))) for local, physical in enumerate(visible)
+    )
+
+
+def cuda_device_count() -> int:
+    """GPUs visible to torch, counted through NVML so CUDA stays uninitialised."""
+    import torch
+
+    if not torch.cuda._is_compiled():
+        return 0
+    if torch.cuda.is_initialized():  # nothing left to protect
+        return torch.cuda.device_count()
+    # torch.cuda.device_count() falls back to the CUDA runtime (which initialises
+    # the driver, so forked workers could no longer use CUDA) when NVML cannot
+    # count, as with MIG UUIDs in CUDA_VISIBLE_DEVICES. Count without it.
+    count = torch.cuda._device_count_nvml()
+    if count >= 0:
+        return count
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([name for name in visible.split(",") if name.strip()])
+    return len(_nvml_gpus())
+
+
+def _fields(info: GpuInfo | None) -> tuple:
+    if info is None:
+        return ("GPU", 0, None)
+    return (info.name, info.memory_bytes, info.capability)
+
+
+def _visible_indices(count: int) -> list[int]:
+    """Physical NVML indices of the GPUs torch will number 0..count-1."""
+    spec = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if spec:
+        try:
+            indices = [int(part) for part in spec.split(",") if part.strip()]
+        except ValueError:  # UUIDs or MIG names: keep torch's order, no details
+            return [-1] * count
+        return indices[:count]
+    return list(range(count))
+
+
+class _NvmlMemory(ctypes.Structure):
+    _fields_ = [
+        ("total", ctypes.c_ulonglong),
+        ("free", ctypes.c_ulonglong),
+        ("used", ctypes.c_ulonglong),
+    ]
+
+
+@lru_cache(maxsize=1)
+def _nvml_gpus() -> tuple[GpuInfo, ...]:
+    """Name, memory and compute capability of each physical GPU, or () without NVML."""
+    try:
+        nvml = ctypes.CDLL("libnvidia-ml.so.1")
+    except OSError:
+        return ()
+    if nvml.nvmlInit_v2() != 0:
+        return ()
+    try:
+        count = ctypes.c_uint()
+        if nvml.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return ()
+        gpus = []
+        for index in range(count.value):
+            handle = ctypes.c_void_p()
+            if nvml.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+                continue
+            name = ctypes.create_string_buffer(96)
+            nvml.nvmlDeviceGetName(handle, name, 96)
+            memory = _NvmlMemory()
+            nvml.nvmlDeviceGetMemoryInfo(handle, ctypes.byref(memory))
+            major, minor = ctypes.c_int(), ctypes.c_int()
+            ok = nvml.nvmlDeviceGetCudaComputeCapability(
+                handle, ctypes.byref(major), ctypes.byref(minor)
+            )
+            capability = (major.value, minor.value) if ok == 0 else None
+            gpus.append(
+                GpuInfo(index, name.value.decode(errors="replace"), memory.total, capability)
+            )
+        return tuple(gpus)
+    finally:
+        nvml.nvmlShutdown()
+
+
+def _cuda_driver_initialised() -> bool:
+    """True when libcuda is loaded here and cuInit has already been called.
+
+    cuDeviceGetCount answers CUDA_ERROR_NOT_INITIALIZED (3) before cuInit and
+    never initialises anything itself. The library is only consulted when
+    something has loaded it already: loading it ourselves could do harm.
+    """
+    if not _library_loaded("libcuda.so"):
+        return False
+    try:
+        libcuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return False
+    count = ctypes.c_int()
+    return libcuda.cuDeviceGetCount(ctypes.byref(count)) != 3
+
+
+def _library_loaded(name: str) -> bool:
+    try:
+        with open(f"/proc/{os.getpid()}/maps") as maps:
+            return any(name in line for line in maps)
+    except OSError:
+        return False
