@@ -22,9 +22,9 @@ _EXPORTS = {
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "LaunchSettings": "notebook_accel.config",
-    "LaunchConfig": "notebook_accel.config",
-    "detect_hardware": "notebook_accel.launch.hardware",
-    "Hardware": "notebook_accel.launch.hardware",
+    "LaunchConfig": "notebook_accel.launch.options",
+    "detect_hardware": "notebook_accel.platforms",
+    "Hardware": "notebook_accel.platforms",
     "panel": "notebook_accel.ui.panel",
     "LaunchPanel": "notebook_accel.ui.panel",
     "Accelerator": "notebook_accel.accelerator",
@@ -39,7 +39,7 @@ _EXPORTS = {
     "CheckpointError": "notebook_accel.checkpoint",
     "latest_checkpoint": "notebook_accel.checkpoint",
     "load_model_weights": "notebook_accel.checkpoint",
-    "DistributedType": "notebook_accel.state",
+    "DistributedType": "notebook_accel.platforms",
     "set_seed": "notebook_accel.seeding",
     "get_logger": "notebook_accel.logging",
     "progress_bar": "notebook_accel.progress",
@@ -51,7 +51,7 @@ __all__ = sorted(_EXPORTS)
 if TYPE_CHECKING:
     from notebook_accel.accelerator import Accelerator
     from notebook_accel.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
-    from notebook_accel.config import LaunchConfig, LaunchSettings
+    from notebook_accel.config import LaunchSettings
     from notebook_accel.kwargs import (
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -63,12 +63,12 @@ if TYPE_CHECKING:
         TorchDynamoPlugin,
     )
     from notebook_accel.launch.errors import WorkerError
-    from notebook_accel.launch.hardware import Hardware, detect_hardware
     from notebook_accel.launch.launcher import last_run, notebook_launcher
+    from notebook_accel.launch.options import LaunchConfig
     from notebook_accel.logging import get_logger
+    from notebook_accel.platforms import DistributedType, Hardware, detect_hardware
     from notebook_accel.progress import progress_bar, set_progress_hook
     from notebook_accel.seeding import set_seed
-    from notebook_accel.state import DistributedType
     from notebook_accel.ui.panel import LaunchPanel, panel
 
 

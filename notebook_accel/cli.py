@@ -17,6 +17,7 @@ import sys
 from typing import Any
 
 from notebook_accel import demo
+from notebook_accel.launch.options import OPTIONS, SAVED_OPTIONS, LaunchConfig, Option
 
 DEFAULT_CONFIG = "launch.yaml"
 # Variables worth seeing in a bug report.
@@ -67,17 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--file", default=DEFAULT_CONFIG, help="the YAML file (default: %(default)s)"
     )
     config.add_argument("--check", metavar="FILE", help="only check FILE and print it")
-    config.add_argument("--backend", choices=["cpu", "cuda", "xla"])
-    config.add_argument("--num-processes", type=int, help="workers per machine")
-    config.add_argument("--devices", help="GPU indices, comma-separated, e.g. 0,1")
-    config.add_argument("--mixed-precision", choices=["no", "fp16", "bf16", "fp8"])
-    config.add_argument("--gradient-accumulation-steps", type=int)
-    config.add_argument("--num-nodes", type=int, help="machines taking part")
-    config.add_argument("--node-rank", type=int, help="this machine's number, from 0")
-    config.add_argument("--master-addr", help="address of machine 0")
-    config.add_argument("--master-port", "--use-port", dest="use_port", type=int)
-    config.add_argument("--max-restarts", type=int)
-    config.add_argument("--timeout", type=float, help="seconds for a whole run")
+    for option in SAVED_OPTIONS.values():
+        if option.parse is not None:
+            _add_option_flag(config, option)
     fsdp = config.add_argument_group("sharding (FSDP2); any --fsdp-* option turns it on")
     fsdp.add_argument("--fsdp", action=argparse.BooleanOptionalAction, help="shard models")
     fsdp.add_argument("--fsdp-wrap-classes", metavar="A,B", help="module classes to shard apart")
@@ -92,9 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a script on this machine's devices (or a cluster) via torchrun",
     )
     launch.add_argument("--config", help="launch configuration file (see `config`)")
-    launch.add_argument("--num-processes", type=int, help="override the file's value")
-    launch.add_argument("--mixed-precision", choices=["no", "fp16", "bf16", "fp8"])
-    launch.add_argument("--node-rank", type=int, help="override the file's value")
+    for name in ("num_processes", "mixed_precision", "node_rank"):
+        _add_option_flag(launch, OPTIONS[name], "overrides the file's value")
     launch.add_argument("--dry-run", action="store_true", help="print the command, run nothing")
     launch.add_argument("script", help="the training script")
     launch.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
@@ -113,6 +105,19 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _add_option_flag(parser: argparse.ArgumentParser, option: Option, note: str = "") -> None:
+    """A flag for one launch option, its help and choices taken from the option."""
+    help_text = option.help.replace("%", "%%") + (f"; {note}" if note else "")
+    parser.add_argument(
+        option.flag,
+        *option.aliases,
+        dest=option.name,
+        type=option.parse,
+        choices=option.choices,
+        help=help_text,
+    )
+
+
 # -- env -------------------------------------------------------------------------
 
 
@@ -125,7 +130,7 @@ def environment_report() -> str:
     import platform
     from importlib import metadata
 
-    from notebook_accel.launch.hardware import detect
+    from notebook_accel.platforms import detect_hardware as detect
     from notebook_accel.ui import format as fmt
 
     def version(package: str) -> str:
@@ -174,34 +179,19 @@ def environment_report() -> str:
 
 
 def run_config(options: argparse.Namespace) -> int:
-    from notebook_accel.config import LaunchConfig
-
     if options.check:
         config = LaunchConfig.load(options.check)
         print(config.to_yaml(), end="")
         print(f"{options.check}: valid")
         return 0
     config = LaunchConfig.load(options.file) if os.path.exists(options.file) else LaunchConfig()
-    for name in (
-        "backend",
-        "num_processes",
-        "mixed_precision",
-        "gradient_accumulation_steps",
-        "num_nodes",
-        "node_rank",
-        "master_addr",
-        "use_port",
-        "max_restarts",
-        "timeout",
-    ):
-        value = getattr(options, name)
-        if value is not None:
+    for name, option in SAVED_OPTIONS.items():
+        value = getattr(options, name, None)
+        if option.parse is not None and value is not None:
             setattr(config, name, value)
-    if options.devices is not None:
-        config.devices = [int(part) for part in options.devices.split(",") if part.strip()]
     config.fsdp = fsdp_choice(options, config.fsdp)
-    # Check the values the same way a file is checked before writing them.
-    LaunchConfig.from_yaml(config.to_yaml(), source="the options")
+    # The same checks, and messages, as a file's and notebook_launcher's.
+    config = config.checked()
     config.save(options.file)
     print(config.to_yaml(), end="")
     print(f"written to {options.file}")
@@ -242,27 +232,26 @@ def run_launch(options: argparse.Namespace) -> int:
 
 def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The torch.distributed.run command line and the settings for the workers."""
-    from notebook_accel.config import LaunchConfig, LaunchSettings, normalize_precision
-    from notebook_accel.launch import hardware as hardware_module
-    from notebook_accel.launch.backends import BACKENDS
+    from notebook_accel.config import LaunchSettings
+    from notebook_accel.launch.preflight import DEFAULT_MULTINODE_PORT, choose_workers
+    from notebook_accel.platforms import detect_hardware
 
     config = LaunchConfig.load(options.config) if options.config else LaunchConfig()
     if not os.path.exists(options.script):
         raise ValueError(f"no script at {options.script!r}")
-    hardware = hardware_module.detect()
-    backend = BACKENDS[config.backend or hardware.accelerator]
-    chosen_gpus = len(config.devices) if config.devices is not None else None
-    processes = (
-        options.num_processes
-        or config.num_processes
-        or chosen_gpus
-        or backend.default_num_processes(hardware)
-    )
-    precision = normalize_precision(options.mixed_precision or config.mixed_precision)
-    problem = backend.precision_problem(precision, hardware)
-    if problem:
-        raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}")
-    node_rank = config.node_rank if options.node_rank is None else options.node_rank
+    overrides = {
+        name: getattr(options, name)
+        for name in ("num_processes", "mixed_precision", "node_rank")
+        if getattr(options, name) is not None
+    }
+    values = {**config.launch_options(), **overrides}
+    values = LaunchConfig(**values).checked().launch_options()
+    hardware = detect_hardware()
+    # The launcher's own checks: platform, worker count, precision.
+    platform, processes = choose_workers(values, hardware)
+    platform.check_precision(values["mixed_precision"], hardware)
+    precision = values["mixed_precision"]
+    node_rank = values["node_rank"]
     command = [
         sys.executable,
         "-m",
@@ -273,7 +262,7 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
     if config.num_nodes == 1 and config.use_port is None:
         command.append("--standalone")
     else:
-        port = config.use_port or 29500
+        port = config.use_port or DEFAULT_MULTINODE_PORT
         command += [
             f"--node-rank={node_rank}",
             f"--master-addr={config.master_addr}",
@@ -283,9 +272,9 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
         command.append(f"--max-restarts={config.max_restarts}")
     command += [options.script, *options.script_args]
     env = LaunchSettings(
-        backend.name, precision, config.gradient_accumulation_steps, fsdp=config.fsdp
+        platform.name, precision, config.gradient_accumulation_steps, fsdp=config.fsdp
     ).to_env()
-    env.update(backend.worker_environment(0, config.devices))  # the chosen GPUs, say
+    env.update(platform.worker_environment(0, config.devices))  # the chosen GPUs, say
     return command, env
 
 

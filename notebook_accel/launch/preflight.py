@@ -1,12 +1,13 @@
 """Every check a launch makes before it starts anything, and the plan it yields.
 
-Each bad input gets an error that names the argument and says what to do;
-nothing has been started when one is raised.
+Each option's own value is checked where it is defined (launch/options.py);
+here come the checks that need several options, the function or the
+hardware. Each bad input gets an error that names the argument and says what
+to do; nothing has been started when one is raised.
 """
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import os
 import warnings
@@ -14,50 +15,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.config import (
-    RENDEZVOUS_TIMEOUT_SECONDS,
-    LaunchSettings,
-    normalize_fsdp,
-    normalize_precision,
-)
-from notebook_accel.launch import hardware as hardware_module
-from notebook_accel.launch.backends import BACKENDS, Backend
-from notebook_accel.launch.observers import OUTPUT_CHOICES
+from notebook_accel.config import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
+from notebook_accel.launch.options import check_options
+from notebook_accel.platforms import Hardware, Platform, default_platform, platform_named
+from notebook_accel.platforms import detect_hardware as detect
 
 DEFAULT_MULTINODE_PORT = 29500
-
-# Options Accelerate's notebook_launcher takes that have no use here; the
-# defaults are accepted so that ported code runs unchanged.
-_ACCELERATE_ONLY = {
-    "rdzv_backend": "static",
-    "rdzv_endpoint": "",
-    "rdzv_conf": None,
-    "rdzv_id": "none",
-    "monitor_interval": 0.1,
-    "log_line_prefix_template": None,
-}
-
-_KNOWN_OPTIONS = [
-    "function",
-    "args",
-    "num_processes",
-    "mixed_precision",
-    "use_port",
-    "master_addr",
-    "node_rank",
-    "num_nodes",
-    "kwargs",
-    "backend",
-    "devices",
-    "gradient_accumulation_steps",
-    "max_restarts",
-    "timeout",
-    "return_all",
-    "output",
-    "threads_per_process",
-    "observers",
-    "fsdp",
-]
 
 
 @dataclass(frozen=True)
@@ -67,7 +30,7 @@ class LaunchPlan:
     function: Callable[..., Any]
     args: tuple
     kwargs: dict
-    backend: Backend
+    platform: Platform
     settings: LaunchSettings
     local_world_size: int
     num_nodes: int
@@ -116,7 +79,7 @@ class LaunchPlan:
         return env
 
     def worker_spec(self, port: int, attempt: int):
-        from notebook_accel.launch.workers import WorkerSpec
+        from notebook_accel.launch.worker import WorkerSpec
 
         return WorkerSpec(
             function=self.function,
@@ -127,10 +90,10 @@ class LaunchPlan:
             environment=self.environment(port, attempt),
             threads_per_process=self.threads_per_process,
             return_all=self.return_all,
-            worker_environment=lambda local_rank: self.backend.worker_environment(
+            worker_environment=lambda local_rank: self.platform.worker_environment(
                 local_rank, self.devices
             ),
-            run=self.backend.run_in_worker,
+            run=self.platform.run_in_worker,
         )
 
 
@@ -139,141 +102,118 @@ def plan_launch(
     function: Callable[..., Any],
     args: Any = (),
     kwargs: Any = None,
-    num_processes: Any = None,
-    mixed_precision: Any = "no",
-    use_port: Any = None,
-    master_addr: Any = "127.0.0.1",
-    node_rank: Any = 0,
-    num_nodes: Any = 1,
-    backend: Any = None,
-    devices: Any = None,
-    gradient_accumulation_steps: Any = 1,
-    max_restarts: Any = 0,
-    timeout: Any = None,
-    return_all: bool = False,
-    output: Any = "all",
-    threads_per_process: Any = None,
-    fsdp: Any = None,
-    unknown: dict[str, Any] | None = None,
-    hardware: hardware_module.Hardware | None = None,
+    hardware: Hardware | None = None,
     single_in_process: bool = True,
+    **options: Any,
 ) -> LaunchPlan:
-    """Check every launch input and return the plan, or raise before starting anything."""
-    _check_unknown(unknown or {})
+    """Check every launch input and return the plan, or raise before starting anything.
+
+    `options` are `notebook_launcher`'s launch options (launch/options.py);
+    `hardware` describes another machine (tests), `single_in_process=False`
+    forks even a single worker (the panel, which must be able to stop it).
+    """
+    values = check_options(options)
     _check_not_in_worker()
     args, kwargs = _check_call(function, args, kwargs)
-    num_nodes = _whole_number("num_nodes", num_nodes, minimum=1)
-    node_rank = _whole_number("node_rank", node_rank, minimum=0)
+    _check_nodes(values)
+    hardware = hardware or detect()
+    platform, local_processes = choose_workers(values, hardware)
+    platform.check_precision(values["mixed_precision"], hardware)
+    plan = LaunchPlan(
+        function=function,
+        args=args,
+        kwargs=kwargs,
+        platform=platform,
+        settings=LaunchSettings(
+            platform.name,
+            values["mixed_precision"],
+            values["gradient_accumulation_steps"],
+            fsdp=values["fsdp"],
+        ),
+        local_world_size=local_processes,
+        num_nodes=values["num_nodes"],
+        node_rank=values["node_rank"],
+        master_addr=values["master_addr"],
+        port=_port(values),
+        devices=values["devices"],
+        max_restarts=values["max_restarts"],
+        timeout=values["timeout"],
+        return_all=values["return_all"],
+        output=values["output"],
+        threads_per_process=values["threads_per_process"] or 1,
+        single_in_process=single_in_process and platform.single_worker_in_process,
+    )
+    _check_how_it_runs(plan)
+    return plan
+
+
+def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform, int]:
+    """The platform and the number of worker processes on this machine.
+
+    Shared by `notebook_launcher` and `notebook-accel launch`, so both refuse
+    the same inputs with the same messages.
+    """
+    devices, num_processes = values["devices"], values["num_processes"]
+    if devices is not None and num_processes is not None and num_processes != len(devices):
+        raise ValueError(
+            f"num_processes={num_processes} does not match devices={devices} "
+            f"({len(devices)} GPU(s)); one worker runs per device, so pass one of them."
+        )
+    platform = _choose_platform(values["backend"], devices, hardware)
+    platform.check_available(hardware)
+    if values["num_nodes"] > 1 and not platform.supports_multinode:
+        raise ValueError(
+            f"num_nodes={values['num_nodes']}: the {platform.name} backend runs on one "
+            "machine; start each machine's processes with its own launcher (for TPU pods, "
+            "torch_xla's)."
+        )
+    if devices is not None:
+        num_processes = len(devices)
+    elif num_processes is None:
+        num_processes = platform.default_num_processes(hardware)
+        if num_processes < 1:
+            raise RuntimeError(f"this machine has no {platform.device_noun} to run on.")
+    _check_devices_fit(platform, num_processes, devices, platform.device_count(hardware))
+    return platform, platform.worker_processes(num_processes, hardware)
+
+
+def _check_nodes(values: dict[str, Any]) -> None:
+    num_nodes, node_rank = values["num_nodes"], values["node_rank"]
     if node_rank >= num_nodes:
         raise ValueError(
             f"node_rank={node_rank} must be below num_nodes={num_nodes}: number the "
             f"machines 0 to {num_nodes - 1}."
         )
-    if num_processes is not None:
-        num_processes = _whole_number("num_processes", num_processes, minimum=1)
-    devices = _check_devices(devices, num_processes)
-    if devices is not None and num_processes is None:
-        num_processes = len(devices)
-
-    hardware = hardware or hardware_module.detect()
-    chosen = _choose_backend(backend, devices, hardware)
-    chosen.check_available(hardware)
-    if num_nodes > 1 and not chosen.supports_multinode:
-        raise ValueError(
-            f"num_nodes={num_nodes}: the {chosen.name} backend runs on one machine; "
-            "start each machine's processes with its own launcher (for TPU pods, torch_xla's)."
-        )
-    available = chosen.device_count(hardware)
-    if num_processes is None:
-        num_processes = chosen.default_num_processes(hardware)
-        if num_processes < 1:
-            raise RuntimeError(f"this machine has no {chosen.device_noun} to run on.")
-    _check_devices_fit(chosen, num_processes, devices, available)
-    local_processes = chosen.worker_processes(num_processes, hardware)
-
-    precision = normalize_precision(mixed_precision)
-    problem = chosen.precision_problem(precision, hardware)
-    if problem:
-        raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}.")
-    accumulation = _whole_number(
-        "gradient_accumulation_steps", gradient_accumulation_steps, minimum=1
-    )
-    max_restarts = _whole_number("max_restarts", max_restarts, minimum=0)
-    if max_restarts and num_nodes > 1:
+    if values["max_restarts"] and num_nodes > 1:
         raise ValueError(
             "max_restarts works on one machine only: with num_nodes > 1 a restart would "
             "have to be agreed between machines. Use `notebook-accel launch` (torchrun) "
             "for elastic multi-node runs."
         )
-    port = _check_port(use_port, num_nodes)
-    if not isinstance(master_addr, str) or not master_addr.strip():
-        raise ValueError(f"master_addr={master_addr!r} must be a host name or IP address.")
-    timeout = _check_timeout(timeout)
-    if output not in OUTPUT_CHOICES:
-        raise ValueError(f"output={output!r} must be one of {', '.join(OUTPUT_CHOICES)}.")
-    threads = (
-        1
-        if threads_per_process is None
-        else _whole_number("threads_per_process", threads_per_process, minimum=1)
-    )
 
-    plan = LaunchPlan(
-        function=function,
-        args=args,
-        kwargs=kwargs,
-        backend=chosen,
-        settings=LaunchSettings(chosen.name, precision, accumulation, fsdp=_check_fsdp(fsdp)),
-        local_world_size=local_processes,
-        num_nodes=num_nodes,
-        node_rank=node_rank,
-        master_addr=master_addr.strip(),
-        port=port,
-        devices=devices,
-        max_restarts=max_restarts,
-        timeout=timeout,
-        return_all=bool(return_all),
-        output=output,
-        threads_per_process=threads,
-        single_in_process=single_in_process and chosen.single_worker_in_process,
-    )
+
+def _port(values: dict[str, Any]) -> int | None:
+    if values["use_port"] is None and values["num_nodes"] > 1:
+        return DEFAULT_MULTINODE_PORT  # the machines must agree on it without talking
+    return values["use_port"]
+
+
+def _check_how_it_runs(plan: LaunchPlan) -> None:
     if plan.in_process:
-        if timeout is not None:
+        if plan.timeout is not None:
             raise ValueError(
                 "timeout= needs worker processes: with num_processes=1 the function runs "
                 "in this process, which cannot stop itself. Use num_processes=2 or more."
             )
-        if max_restarts:
+        if plan.max_restarts:
             raise ValueError("max_restarts= needs worker processes; use num_processes=2 or more.")
-    else:
-        if not hasattr(os, "fork"):
-            raise RuntimeError(
-                "notebook_launcher forks worker processes, which this operating system "
-                "cannot do. Use num_processes=1, or run under Linux or WSL."
-            )
-        chosen.check_parent_is_clean()
-    return plan
-
-
-def _check_fsdp(fsdp: Any) -> dict | None:
-    try:
-        return normalize_fsdp(fsdp)
-    except ValueError as error:
-        raise ValueError(f"fsdp: {error}") from None
-
-
-def _check_unknown(unknown: dict[str, Any]) -> None:
-    for name, value in unknown.items():
-        if name in _ACCELERATE_ONLY:
-            if value != _ACCELERATE_ONLY[name]:
-                raise ValueError(
-                    f"{name}={value!r} is an Accelerate option notebook_accel does not use: "
-                    "it always meets at a static rendezvous hosted by the launching process. "
-                    f"Remove {name}."
-                )
-            continue
-        close = difflib.get_close_matches(name, _KNOWN_OPTIONS + list(_ACCELERATE_ONLY), n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"notebook_launcher() got an unknown option {name!r}.{hint}")
+        return
+    if not hasattr(os, "fork"):
+        raise RuntimeError(
+            "notebook_launcher forks worker processes, which this operating system "
+            "cannot do. Use num_processes=1, or run under Linux or WSL."
+        )
+    plan.platform.check_parent_is_clean()
 
 
 def _check_not_in_worker() -> None:
@@ -313,48 +253,20 @@ def _check_call(function: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
     return tuple(args), dict(kwargs)
 
 
-def _whole_number(name: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number, got {value!r}.")
-    if value < minimum:
-        raise ValueError(f"{name}={value} must be at least {minimum}.")
-    return value
-
-
-def _check_devices(devices: Any, num_processes: int | None) -> list[int] | None:
-    if devices is None:
-        return None
-    if isinstance(devices, int) or not all(
-        isinstance(d, int) and not isinstance(d, bool) for d in devices
-    ):
-        raise TypeError(f"devices must be a list of GPU indices such as [0, 1], got {devices!r}.")
-    devices = list(devices)
-    if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
-        raise ValueError(f"devices={devices} must list distinct GPU indices, at least one.")
-    if num_processes is not None and num_processes != len(devices):
-        raise ValueError(
-            f"num_processes={num_processes} does not match devices={devices} "
-            f"({len(devices)} GPU(s)); one worker runs per device, so pass one of them."
-        )
-    return devices
-
-
-def _choose_backend(
-    name: Any, devices: list[int] | None, hardware: hardware_module.Hardware
-) -> Backend:
+def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -> Platform:
     if name is None:
-        name = "cuda" if devices is not None else hardware.accelerator
-    if name not in BACKENDS:
-        raise ValueError(f"backend={name!r} must be one of {', '.join(BACKENDS)} (or None).")
-    if devices is not None and name != "cuda":
-        raise ValueError("devices= chooses GPUs; it needs the cuda backend.")
-    return BACKENDS[name]
+        chosen = platform_named("cuda") if devices is not None else default_platform(hardware)
+    else:
+        chosen = platform_named(name)
+    if devices is not None and not chosen.chooses_devices:
+        raise ValueError(f"devices= chooses GPUs; the {chosen.name} backend takes none.")
+    return chosen
 
 
 def _check_devices_fit(
-    backend: Backend, wanted: int, devices: list[int] | None, available: int
+    platform: Platform, wanted: int, devices: list[int] | None, available: int
 ) -> None:
-    noun = backend.device_noun
+    noun = platform.device_noun
     if devices is not None and max(devices) >= available:
         raise ValueError(
             f"devices={devices} names GPU {max(devices)}, but this machine has "
@@ -365,27 +277,7 @@ def _check_devices_fit(
     message = (
         f"num_processes={wanted} asks for one {noun} per worker, but this machine has {available}"
     )
-    if backend.oversubscription_allowed():
-        warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=4)
+    if platform.oversubscription_allowed():
+        warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=5)
         return
     raise ValueError(f"{message}. Pass num_processes={available} or fewer.")
-
-
-def _check_port(use_port: Any, num_nodes: int) -> int | None:
-    if use_port is None or use_port == "":
-        return DEFAULT_MULTINODE_PORT if num_nodes > 1 else None
-    try:
-        port = int(use_port)
-    except (TypeError, ValueError):
-        raise ValueError(f"use_port={use_port!r} must be a port number.") from None
-    if not 1 <= port <= 65535:
-        raise ValueError(f"use_port={port} must be between 1 and 65535.")
-    return port
-
-
-def _check_timeout(timeout: Any) -> float | None:
-    if timeout is None:
-        return None
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-        raise ValueError(f"timeout={timeout!r} must be a positive number of seconds.")
-    return float(timeout)

@@ -1,0 +1,474 @@
+"""Every launch option, defined once: name, default, help and check.
+
+`notebook_launcher`'s signature and checks, the YAML launch file
+(`LaunchConfig`), the panel's fields and the command line's flags are all
+derived from `OPTIONS`. Each bad value has one message, whoever finds it:
+"num_processes=0 must be at least 1." (a file adds its name and line).
+
+An option counts as given only when the caller passed it: an explicit value
+equal to the default still beats the file's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import inspect
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from notebook_accel.config import PRECISIONS, normalize_fsdp, normalize_precision
+from notebook_accel.launch.observers import OUTPUT_CHOICES
+from notebook_accel.platforms import PLATFORMS
+
+# Options Accelerate's notebook_launcher takes that have no use here; the
+# defaults are accepted so that ported code runs unchanged.
+ACCELERATE_ONLY = {
+    "rdzv_backend": "static",
+    "rdzv_endpoint": "",
+    "rdzv_conf": None,
+    "rdzv_id": "none",
+    "monitor_interval": 0.1,
+    "log_line_prefix_template": None,
+}
+
+
+@dataclass(frozen=True)
+class Option:
+    """One launch option."""
+
+    name: str
+    default: Any
+    help: str
+    # (value) -> the canonical value; raises TypeError/ValueError naming the option.
+    normalize: Callable[[Any], Any]
+    annotation: str = "Any"
+    # Saved in the YAML launch file, offered by `notebook-accel config`.
+    saved: bool = True
+    # Accelerate's notebook_launcher takes it in this position (after function, args).
+    positional: bool = False
+    choices: tuple[str, ...] | None = None
+    minimum: int | None = None
+    # How the command line turns the flag's text into a value (None: no flag).
+    parse: Callable[[str], Any] | None = None
+    aliases: tuple[str, ...] = ()
+
+    def check(self, value: Any) -> Any:
+        """The canonical form of `value`, or an error that names this option."""
+        return self.normalize(value)
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+# -- the checks, each with its one message ----------------------------------------------
+
+
+def _whole(name: str, minimum: int, optional: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number, got {value!r}.")
+        if value < minimum:
+            raise ValueError(f"{name}={value} must be at least {minimum}.")
+        return value
+
+    return check
+
+
+def _one_of(name: str, choices: tuple[str, ...], optional: bool = False) -> Callable[[Any], Any]:
+    def check(value: Any) -> Any:
+        if value is None and optional:
+            return None
+        if value not in choices:
+            extra = " (or None)" if optional else ""
+            raise ValueError(f"{name}={value!r} must be one of {', '.join(choices)}{extra}.")
+        return value
+
+    return check
+
+
+def _port(value: Any) -> int | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"use_port={value!r} must be a port number.")
+    try:
+        port = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"use_port={value!r} must be a port number.") from None
+    if not 1 <= port <= 65535:
+        raise ValueError(f"use_port={port} must be between 1 and 65535.")
+    return port
+
+
+def _address(value: Any) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise ValueError(f"master_addr={value!r} must be a host name or IP address.")
+    return value.strip()
+
+
+def _devices(value: Any) -> list[int] | None:
+    if value is None:
+        return None
+    if isinstance(value, (int, str)) or not all(
+        isinstance(d, int) and not isinstance(d, bool) for d in value
+    ):
+        raise TypeError(f"devices must be a list of GPU indices such as [0, 1], got {value!r}.")
+    devices = list(value)
+    if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
+        raise ValueError(f"devices={devices} must list distinct GPU indices, at least one.")
+    return devices
+
+
+def _timeout(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"timeout={value!r} must be a positive number of seconds.")
+    return float(value)
+
+
+def _fsdp(value: Any) -> dict | None:
+    try:
+        return normalize_fsdp(value)
+    except ValueError as error:
+        raise ValueError(f"fsdp: {error}") from None
+
+
+def _flag(value: Any) -> bool:
+    return bool(value)
+
+
+def _index_list(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+# -- the options --------------------------------------------------------------------------
+
+_BACKENDS = tuple(sorted(PLATFORMS))
+
+OPTIONS: dict[str, Option] = {
+    option.name: option
+    for option in (
+        Option(
+            "num_processes",
+            None,
+            "workers per machine (default: every GPU, every TPU core, or 2 CPU workers); "
+            "with 1, the function runs in this process",
+            _whole("num_processes", 1, optional=True),
+            "int | None",
+            positional=True,
+            minimum=1,
+            parse=int,
+        ),
+        Option(
+            "mixed_precision",
+            "no",
+            f"{', '.join(PRECISIONS)}; Accelerator() in the workers uses it unless told otherwise",
+            normalize_precision,
+            "str | None",
+            positional=True,
+            choices=PRECISIONS,
+            parse=str,
+        ),
+        Option(
+            "use_port",
+            None,
+            "the rendezvous port (default: a free one; 29500 across machines)",
+            _port,
+            "int | str | None",
+            positional=True,
+            parse=int,
+            aliases=("--master-port",),
+        ),
+        Option(
+            "master_addr",
+            "127.0.0.1",
+            "address of machine 0",
+            _address,
+            "str",
+            positional=True,
+            parse=str,
+        ),
+        Option(
+            "node_rank",
+            0,
+            "this machine's number, from 0",
+            _whole("node_rank", 0),
+            "int",
+            positional=True,
+            minimum=0,
+            parse=int,
+        ),
+        Option(
+            "num_nodes",
+            1,
+            "machines taking part",
+            _whole("num_nodes", 1),
+            "int",
+            positional=True,
+            minimum=1,
+            parse=int,
+        ),
+        Option(
+            "backend",
+            None,
+            f"{', '.join(_BACKENDS)} (default: what the hardware suggests)",
+            _one_of("backend", _BACKENDS, optional=True),
+            "str | None",
+            choices=_BACKENDS,
+            parse=str,
+        ),
+        Option(
+            "devices",
+            None,
+            "which GPUs, by index (default: the first num_processes); comma-separated "
+            "on the command line",
+            _devices,
+            "list[int] | None",
+            parse=_index_list,
+        ),
+        Option(
+            "gradient_accumulation_steps",
+            1,
+            "optimizer steps every this many accumulate() blocks; Accelerator() picks it up",
+            _whole("gradient_accumulation_steps", 1),
+            "int",
+            minimum=1,
+            parse=int,
+        ),
+        Option(
+            "max_restarts",
+            0,
+            "how many times to restart every worker after a failure",
+            _whole("max_restarts", 0),
+            "int",
+            minimum=0,
+            parse=int,
+        ),
+        Option(
+            "timeout",
+            None,
+            "seconds for the whole run; then the workers are stopped and TimeoutError raised",
+            _timeout,
+            "float | None",
+            parse=float,
+        ),
+        Option(
+            "fsdp",
+            None,
+            "shard models with FSDP2 in prepare(): True, or FullyShardedDataParallelPlugin "
+            "fields as a dict",
+            _fsdp,
+            "bool | dict | None",
+        ),
+        Option(
+            "return_all",
+            False,
+            "return every worker's value on this machine as a list ordered by rank",
+            _flag,
+            "bool",
+            saved=False,
+        ),
+        Option(
+            "output",
+            "all",
+            f"{', '.join(OUTPUT_CHOICES)}: every rank's lines (others prefixed), the main "
+            "rank's only, or none",
+            _one_of("output", OUTPUT_CHOICES),
+            "str",
+            saved=False,
+            choices=OUTPUT_CHOICES,
+        ),
+        Option(
+            "threads_per_process",
+            None,
+            "torch threads in each worker (default 1; see the README)",
+            _whole("threads_per_process", 1, optional=True),
+            "int | None",
+            saved=False,
+            minimum=1,
+        ),
+    )
+}
+
+SAVED_OPTIONS = {name: option for name, option in OPTIONS.items() if option.saved}
+POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
+
+
+def defaults() -> dict[str, Any]:
+    """Every option at its default."""
+    return {name: option.default for name, option in OPTIONS.items()}
+
+
+def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
+    """Every option, checked and in canonical form: the given ones, the rest defaults."""
+    check_names(given)
+    values = defaults()
+    for name, value in given.items():
+        if name in OPTIONS:
+            values[name] = OPTIONS[name].check(value)
+    return values
+
+
+def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -> None:
+    """Refuse unknown option names (suggesting the closest), and Accelerate's options
+    that have no use here unless they are at Accelerate's defaults."""
+    for name, value in given.items():
+        if name in OPTIONS:
+            continue
+        if name in ACCELERATE_ONLY:
+            if value != ACCELERATE_ONLY[name]:
+                raise ValueError(
+                    f"{name}={value!r} is an Accelerate option notebook_accel does not use: "
+                    "it always meets at a static rendezvous hosted by the launching process. "
+                    f"Remove {name}."
+                )
+            continue
+        close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise TypeError(f"{caller} got an unknown option {name!r}.{hint}")
+
+
+def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]:
+    """Options passed by position (Accelerate's order) joined to those passed by name."""
+    if len(positional) > len(POSITIONAL_OPTIONS):
+        raise TypeError(
+            f"notebook_launcher() takes at most {len(POSITIONAL_OPTIONS) + 2} positional "
+            f"arguments (function, args, {', '.join(POSITIONAL_OPTIONS)}); pass the rest "
+            "by name."
+        )
+    named = dict(given)
+    for name, value in zip(POSITIONAL_OPTIONS, positional, strict=False):
+        if name in named:
+            raise TypeError(f"notebook_launcher() got option {name!r} twice.")
+        named[name] = value
+    return named
+
+
+def signature_parameters() -> list[inspect.Parameter]:
+    """The options as keyword parameters, for `notebook_launcher`'s shown signature."""
+    kind = inspect.Parameter.KEYWORD_ONLY
+    return [
+        inspect.Parameter(name, kind, default=option.default, annotation=option.annotation)
+        for name, option in OPTIONS.items()
+    ]
+
+
+def docstring() -> str:
+    """The options' help, in a docstring's Args layout."""
+    lines = ["Launch options (also the keys of a launch file; see LaunchConfig):"]
+    for name, option in OPTIONS.items():
+        lines.append(f"    {name} (default {option.default!r}): {option.help}.")
+    return "\n".join(lines)
+
+
+# -- the launch file ------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A launch configuration file with an unknown key or a bad value."""
+
+
+def _saved_option_fields(cls: type) -> type:
+    """Give `cls` one dataclass field per saved option, with the option's default."""
+    annotations = {name: option.annotation for name, option in SAVED_OPTIONS.items()}
+    cls.__annotations__ = {**annotations, **cls.__dict__.get("__annotations__", {})}
+    for name, option in SAVED_OPTIONS.items():
+        setattr(cls, name, option.default)  # every default is None or immutable
+    return dataclass(cls)
+
+
+@_saved_option_fields
+class LaunchConfig:
+    """The choices of a launch, as the panel, the YAML file and the command line hold them.
+
+    One field per `notebook_launcher` option that a file can hold (see
+    `notebook_accel.launch.options.OPTIONS`), with the same name and default.
+    """
+
+    def launch_options(self) -> dict:
+        """The keyword arguments for `notebook_launcher`."""
+        return dataclasses.asdict(self)
+
+    def checked(self) -> LaunchConfig:
+        """This configuration with every value checked and canonical (raises ValueError)."""
+        return LaunchConfig(**{name: OPTIONS[name].check(v) for name, v in vars(self).items()})
+
+    def to_yaml(self) -> str:
+        """The configuration as YAML text, one key per line."""
+        import yaml
+
+        body = yaml.safe_dump(self.launch_options(), sort_keys=False, default_flow_style=False)
+        return "# notebook_accel launch configuration\n" + body
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the configuration as YAML (to a temporary file first, then renamed)."""
+        target = os.fspath(path)
+        temporary = f"{target}.tmp{os.getpid()}"
+        with open(temporary, "w") as file:
+            file.write(self.to_yaml())
+        os.replace(temporary, target)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> LaunchConfig:
+        """Read a YAML file written by `save()`, the panel or `notebook-accel config`."""
+        try:
+            with open(path) as file:
+                text = file.read()
+        except FileNotFoundError:
+            raise ConfigError(f"no launch configuration at {os.fspath(path)!r}.") from None
+        return cls.from_yaml(text, source=os.fspath(path))
+
+    @classmethod
+    def from_yaml(cls, text: str, source: str = "<text>") -> LaunchConfig:
+        """Read YAML text; an error names `source`, the line and the option."""
+        import yaml
+
+        try:
+            root = yaml.compose(text)
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{source} is not valid YAML: {error}") from None
+        if root is None:
+            return cls()
+        if not isinstance(root, yaml.MappingNode):
+            raise ConfigError(f"{source} must be a mapping of option names to values.")
+        values = {}
+        for key_node, value_node in root.value:
+            where = f"{source}, line {key_node.start_mark.line + 1}"
+            key = key_node.value
+            if key not in SAVED_OPTIONS:
+                close = difflib.get_close_matches(key, list(SAVED_OPTIONS), n=1)
+                hint = f"; did you mean {close[0]!r}?" if close else ""
+                raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+            try:
+                values[key] = SAVED_OPTIONS[key].check(yaml.safe_load(yaml.serialize(value_node)))
+            except (TypeError, ValueError) as error:
+                raise ConfigError(f"{_line_of_bad_field(where, value_node)}: {error}") from None
+        return cls(**values)
+
+
+def _line_of_bad_field(where: str, node: Any) -> str:
+    """For the `fsdp:` section, the line of its first bad field (else the key's line)."""
+    import yaml
+
+    if not isinstance(node, yaml.MappingNode):
+        return where
+    for field_node, value_node in node.value:
+        try:
+            normalize_fsdp({field_node.value: yaml.safe_load(yaml.serialize(value_node))})
+        except ValueError:
+            return f"{where.rsplit(', line', 1)[0]}, line {field_node.start_mark.line + 1}"
+    return where
+
+
+def merged_with_file(given: Mapping[str, Any], config: Any) -> dict[str, Any]:
+    """The file's options with the given ones on top (given means passed, whatever the value)."""
+    if not isinstance(config, LaunchConfig):
+        config = LaunchConfig.load(config)
+    return {**config.launch_options(), **given}
