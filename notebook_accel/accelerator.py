@@ -19,8 +19,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
+from notebook_accel import checkpoint, fsdp, ops
 from notebook_accel import compile as compiling
-from notebook_accel import fsdp, ops
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
 from notebook_accel.kwargs import (
@@ -36,6 +36,7 @@ from notebook_accel.kwargs import (
 )
 from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
+from notebook_accel.registry import TrainingObjects
 from notebook_accel.state import DistributedType, ProcessState
 from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler, GradientState
 
@@ -97,7 +98,7 @@ class Accelerator:
             )
         self.precision = Precision(
             mixed_precision,
-            self.state.backend,
+            self.state.platform,
             self.state.device,
             handlers.get(AutocastKwargs),
             handlers.get(GradScalerKwargs),
@@ -105,7 +106,7 @@ class Accelerator:
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
         self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
         self.dynamo_plugin = compiling.plugin_for(
-            dynamo_backend, dynamo_plugin, compile, self.state.device
+            dynamo_backend, dynamo_plugin, compile, self.state.platform.compile_problem
         )
         self._shards = fsdp.ShardMap()  # to re-point optimizers at sharded parameters
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
@@ -126,13 +127,9 @@ class Accelerator:
                 stacklevel=2,
             )
         self.rng_types = rng_types
-        self.step = 0
         self.flag_tensor: torch.Tensor | None = None
-        self._models: list[torch.nn.Module] = []
-        self._optimizers: list[AcceleratedOptimizer] = []
-        self._schedulers: list[AcceleratedScheduler] = []
-        self._dataloaders: list[DataLoaderShard] = []
-        self._custom_objects: list[Any] = []
+        # Everything prepared or registered, in order: what checkpoints save.
+        self._objects = TrainingObjects(scaler=self.precision.scaler)
 
     # -- who and where ------------------------------------------------------------
 
@@ -241,7 +238,17 @@ class Accelerator:
     @property
     def optimizer_step_was_skipped(self) -> bool:
         """Whether the last optimizer step was skipped (fp16 overflow)."""
-        return any(opt.step_was_skipped for opt in self._optimizers)
+        return any(opt.step_was_skipped for opt in self._objects.optimizers)
+
+    @property
+    def step(self) -> int:
+        """The gradient-accumulation counter: `accumulate()` blocks since a DataLoader pass
+        ended. Saved and restored by checkpoints."""
+        return self._objects.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._objects.step = value
 
     # -- prepare -------------------------------------------------------------------
 
@@ -258,7 +265,7 @@ class Accelerator:
         for i, obj in enumerate(args):
             if not _is_scheduler(obj):
                 result[i] = self._prepare_one(obj, placement[i])
-        for optimizer in self._optimizers:  # prepared before their model was sharded
+        for optimizer in self._objects.optimizers:  # prepared before their model was sharded
             fsdp.switch_optimizer_parameters(optimizer, self._shards)
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
@@ -286,7 +293,7 @@ class Accelerator:
         sharded in place (the same object, its parameters now DTensor shards).
         With a dynamo backend the result is `torch.compile`d.
         """
-        self._models.append(model)
+        self._objects.models.append(model)
         if device_placement if device_placement is not None else self.device_placement:
             before = dict(model.named_parameters())
             model = model.to(self.device)
@@ -299,41 +306,45 @@ class Accelerator:
         trainable = any(p.requires_grad for p in model.parameters())
         if self.use_distributed and trainable and not evaluation_mode:
             if self.fsdp_plugin is not None:
-                shards = fsdp.shard_model(model, self.fsdp_plugin, self.precision.name, self.device)
+                shards = fsdp.shard_model(
+                    model,
+                    self.fsdp_plugin,
+                    self.precision.name,
+                    self.device,
+                    pin_memory=self.state.platform.pins_host_memory,
+                )
                 self._shards.update(shards)
-            elif self.state.backend.wraps_model_in_ddp:  # XLA averages at the step
-                kwargs = self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {}
-                if self.device.type == "cuda":
-                    kwargs["device_ids"] = [self.device.index]
-                    kwargs["output_device"] = self.device.index
+            elif self.state.platform.wraps_model_in_ddp:  # XLA averages at the step
+                kwargs = self.state.platform.ddp_kwargs(self.device)
+                kwargs.update(self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {})
                 model = DistributedDataParallel(model, **kwargs)
         if self.dynamo_plugin is not None:
             model = compiling.compile_model(model, self.dynamo_plugin)
-        self._models[-1] = model
+        self._objects.models[-1] = model
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
         """Wrap `optimizer` so it skips accumulation steps and fp16 overflow steps."""
         fsdp.switch_optimizer_parameters(optimizer, self._shards)
         wrapped = AcceleratedOptimizer(
-            optimizer, self.gradient_state, self.scaler, backend=self.state.backend
+            optimizer, self.gradient_state, self.scaler, platform=self.state.platform
         )
-        self._optimizers.append(wrapped)
+        self._objects.optimizers.append(wrapped)
         return wrapped
 
     def prepare_scheduler(self, scheduler: Any) -> AcceleratedScheduler:
         """Wrap `scheduler` so it advances only when its optimizer really stepped."""
         owner = getattr(scheduler, "optimizer", None)
-        optimizers = [o for o in self._optimizers if o.optimizer is owner or o is owner]
+        optimizers = [o for o in self._objects.optimizers if o.optimizer is owner or o is owner]
         wrapped = AcceleratedScheduler(
             scheduler,
-            optimizers or list(self._optimizers),
+            optimizers or list(self._objects.optimizers),
             self.gradient_state,
             num_processes=self.num_processes,
             step_with_optimizer=self.step_scheduler_with_optimizer,
             split_batches=self.split_batches,
         )
-        self._schedulers.append(wrapped)
+        self._objects.schedulers.append(wrapped)
         return wrapped
 
     def prepare_data_loader(
@@ -353,9 +364,9 @@ class Accelerator:
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
-            loader_class=self.state.backend.data_loader_class(),
+            loader_class=self.state.platform.data_loader_class(),
         )
-        self._dataloaders.append(prepared)
+        self._objects.dataloaders.append(prepared)
         return prepared
 
     def unwrap_model(
@@ -447,11 +458,11 @@ class Accelerator:
         """
         if not self.sync_gradients:
             return
-        for opt in self._optimizers:
+        for opt in self._objects.optimizers:
             opt.reduce_gradients()
         if self.scaler is None:
             return
-        targets = self._optimizers if optimizer is None else optimizer
+        targets = self._objects.optimizers if optimizer is None else optimizer
         for opt in targets if isinstance(targets, (list, tuple)) else [targets]:
             if not isinstance(opt, AcceleratedOptimizer):
                 self.scaler.unscale_(opt)
@@ -563,7 +574,7 @@ class Accelerator:
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this line."""
         if self.use_distributed:
-            self.state.backend.barrier()
+            self.state.platform.barrier()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the local main process only."""
@@ -664,9 +675,9 @@ class Accelerator:
         `project_dir/checkpoints/checkpoint_N` and `total_limit` old ones are kept.
         See `notebook_accel.checkpoint` for the files.
         """
-        from notebook_accel import checkpoint
-
-        return str(checkpoint.save_state(self, output_dir, safe_serialization))
+        return str(
+            checkpoint.save_state(self._checkpoint_context(), output_dir, safe_serialization)
+        )
 
     def load_state(self, input_dir: str | os.PathLike | None = None) -> str:
         """Restore what `save_state` saved; returns the directory it loaded.
@@ -677,22 +688,24 @@ class Accelerator:
         saved epoch where it stopped. A missing, corrupted or mismatched
         checkpoint raises `CheckpointError` on every process and changes nothing.
         """
-        from notebook_accel import checkpoint
-
-        return str(checkpoint.load_state(self, input_dir))
+        return str(checkpoint.load_state(self._checkpoint_context(), input_dir))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include `objects` (each with `state_dict` and `load_state_dict`) in checkpoints."""
-        for obj in objects:
-            if not (
-                callable(getattr(obj, "state_dict", None))
-                and callable(getattr(obj, "load_state_dict", None))
-            ):
-                raise TypeError(
-                    f"register_for_checkpointing got a {type(obj).__name__}, which has no "
-                    "state_dict() and load_state_dict() methods."
-                )
-        self._custom_objects.extend(objects)
+        self._objects.register(*objects)
+
+    def _checkpoint_context(self) -> checkpoint.CheckpointContext:
+        """What the checkpoint code needs, as of now (accumulation state included)."""
+        return checkpoint.CheckpointContext(
+            objects=self._objects,
+            project=self.project_configuration,
+            process_index=self.process_index,
+            num_processes=self.num_processes,
+            barrier=self.wait_for_everyone,
+            unwrap=self.unwrap_model,
+            mixed_precision=self.mixed_precision,
+            sync_gradients=self.sync_gradients,
+        )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
         """`dataloader` without the first `num_batches` batches of its next passes.
@@ -715,8 +728,6 @@ class Accelerator:
         safetensors by default, with an index file when there are several
         shards; `notebook_accel.load_model_weights` reads them into a plain model.
         """
-        from notebook_accel import checkpoint
-
         model = self.unwrap_model(model)
         if fsdp.is_sharded(model):  # every process sends its shards to the main one
             model = fsdp.full_state_dict(model)
@@ -727,17 +738,11 @@ class Accelerator:
 
     def free_memory(self, *objects: Any) -> list:
         """Forget what was prepared and free cached device memory; returns Nones for `objects`."""
-        self._models.clear()
-        self._optimizers.clear()
-        self._schedulers.clear()
-        self._dataloaders.clear()
-        self._custom_objects.clear()
+        self._objects.clear()  # the step counter too
         self._shards = fsdp.ShardMap()  # it holds every sharded parameter
         self.flag_tensor = None
-        self.step = 0
         gc.collect()
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        self.state.platform.empty_cache()
         return [None] * len(objects)
 
     clear = free_memory

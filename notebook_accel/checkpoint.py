@@ -29,6 +29,10 @@ A sharded checkpoint also loads on a different number of processes (one
 model or the whole weights, as each rank needs them); the random generators
 and DataLoader positions are per process and are then left as they are.
 
+What is saved is what a `TrainingObjects` registry holds (see
+`notebook_accel.registry`), handed over with this process's place in a
+`CheckpointContext`; nothing here knows the `Accelerator`.
+
 The `.bin`/`.pt`/`.pkl` files are pickles: load only checkpoints you trust.
 """
 
@@ -42,16 +46,15 @@ import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 
 from notebook_accel import fsdp, ops
+from notebook_accel.kwargs import ProjectConfiguration
 from notebook_accel.nested import to_cpu
+from notebook_accel.registry import TrainingObjects
 from notebook_accel.seeding import rng_states, set_rng_states
-
-if TYPE_CHECKING:
-    from notebook_accel.accelerator import Accelerator
 
 FORMAT_VERSION = 1
 MANIFEST = "checkpoint.json"
@@ -68,6 +71,40 @@ after_file_written: Callable[[Path], None] | None = None
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be loaded: missing, incomplete, corrupted, or for another run."""
+
+
+@dataclass(frozen=True)
+class CheckpointContext:
+    """What `save_state` and `load_state` work on: the run's objects and this process's place.
+
+    Args:
+        objects: what is saved and restored, in order; `load_state` sets its step.
+        project: where automatically named checkpoints go; its `iteration`
+            advances after each save and follows each load.
+        process_index / num_processes: this process's rank and the world size.
+        barrier: blocks until every process calls it (a no-op in one process).
+        unwrap: a prepared model's own module (without DDP or compile wrappers).
+        mixed_precision: recorded in the manifest.
+        sync_gradients: False in the middle of gradient accumulation (save warns then).
+    """
+
+    objects: TrainingObjects
+    project: ProjectConfiguration
+    process_index: int = 0
+    num_processes: int = 1
+    barrier: Callable[[], None] = lambda: None
+    unwrap: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model
+    mixed_precision: str = "no"
+    sync_gradients: bool = True
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on rank 0, the process that writes the shared files."""
+        return self.process_index == 0
+
+    def unwrapped_models(self) -> list[torch.nn.Module]:
+        """Every model of the run, unwrapped, in order."""
+        return [self.unwrap(model) for model in self.objects.models]
 
 
 # -- finding checkpoints ------------------------------------------------------------
@@ -99,37 +136,35 @@ def latest_checkpoint(project_dir: str | os.PathLike) -> Path | None:
 
 
 def save_state(
-    accelerator: Accelerator, output_dir: str | os.PathLike | None, safe_serialization: bool
+    run: CheckpointContext, output_dir: str | os.PathLike | None, safe_serialization: bool
 ) -> Path:
     """Write the whole training state of every rank atomically; returns the directory."""
-    target = _save_target(accelerator, output_dir)
+    target = _save_target(run, output_dir)
     partial = target.parent / f".{target.name}.partial"
-    if accelerator.is_main_process:
+    if run.is_main_process:
         _finish_interrupted_swap(target)
         _fresh_directory(partial)
-    accelerator.wait_for_everyone()  # the directory exists before anyone writes into it
-    _warn_if_accumulating(accelerator)
-    _write_rank_files(accelerator, partial)
-    sharded = any(fsdp.is_sharded(model) for model in _unwrapped_models(accelerator))
+    run.barrier()  # the directory exists before anyone writes into it
+    _warn_if_accumulating(run)
+    _write_rank_files(run, partial)
+    sharded = any(fsdp.is_sharded(model) for model in run.unwrapped_models())
     if sharded:  # every rank writes its own shards
-        fsdp.sharded_save(
-            partial / SHARDED_FOLDER, _unwrapped_models(accelerator), accelerator._optimizers
-        )
-    if accelerator.is_main_process:
-        _write_shared_files(accelerator, partial, safe_serialization, weights=not sharded)
-    accelerator.wait_for_everyone()  # every rank's files are in
-    if accelerator.is_main_process:
-        _write_manifest(accelerator, partial, sharded)
+        fsdp.sharded_save(partial / SHARDED_FOLDER, run.unwrapped_models(), run.objects.optimizers)
+    if run.is_main_process:
+        _write_shared_files(run, partial, safe_serialization, weights=not sharded)
+    run.barrier()  # every rank's files are in
+    if run.is_main_process:
+        _write_manifest(run, partial, sharded)
         _move_into_place(partial, target)
-        _rotate(accelerator, target.parent)
-    accelerator.wait_for_everyone()  # nobody goes on before the checkpoint is in place
-    if accelerator.project_configuration.automatic_checkpoint_naming:
-        accelerator.project_configuration.iteration += 1
+        _rotate(run, target.parent)
+    run.barrier()  # nobody goes on before the checkpoint is in place
+    if run.project.automatic_checkpoint_naming:
+        run.project.iteration += 1
     return target
 
 
-def _save_target(accelerator: Accelerator, output_dir: str | os.PathLike | None) -> Path:
-    config = accelerator.project_configuration
+def _save_target(run: CheckpointContext, output_dir: str | os.PathLike | None) -> Path:
+    config = run.project
     if not config.automatic_checkpoint_naming:
         if output_dir is None:
             raise ValueError(
@@ -174,8 +209,8 @@ def _finish_interrupted_swap(target: Path) -> None:
         previous.rename(target)
 
 
-def _warn_if_accumulating(accelerator: Accelerator) -> None:
-    if not accelerator.sync_gradients and accelerator.is_main_process:
+def _warn_if_accumulating(run: CheckpointContext) -> None:
+    if not run.sync_gradients and run.is_main_process:
         warnings.warn(
             "save_state() in the middle of gradient accumulation: the gradients accumulated "
             "since the last optimizer step are not saved. Save right after an optimizer step "
@@ -190,37 +225,33 @@ def _fresh_directory(path: Path) -> None:
     path.mkdir(parents=True)
 
 
-def _write_rank_files(accelerator: Accelerator, folder: Path) -> None:
-    rank = accelerator.process_index
+def _write_rank_files(run: CheckpointContext, folder: Path) -> None:
+    rank = run.process_index
     _write_file(folder / f"random_states_{rank}.pkl", rng_states(), torch.save)
     loop = {
-        "step": accelerator.step,
-        "dataloaders": [loader.state_dict() for loader in accelerator._dataloaders],
+        "step": run.objects.step,
+        "dataloaders": [loader.state_dict() for loader in run.objects.dataloaders],
     }
     _write_file(folder / f"loop_state_{rank}.pkl", loop, torch.save)
 
 
-def _unwrapped_models(accelerator: Accelerator) -> list[torch.nn.Module]:
-    return [accelerator.unwrap_model(model) for model in accelerator._models]
-
-
 def _write_shared_files(
-    accelerator: Accelerator, folder: Path, safe: bool, weights: bool = True
+    run: CheckpointContext, folder: Path, safe: bool, weights: bool = True
 ) -> None:
-    for i, model in enumerate(accelerator._models if weights else []):
+    for i, model in enumerate(run.objects.models if weights else []):
         name = _numbered(SAFE_WEIGHTS if safe else PICKLED_WEIGHTS, i)
-        _write_weights(folder / name, model_tensors(accelerator.unwrap_model(model)), safe)
+        _write_weights(folder / name, model_tensors(run.unwrap(model)), safe)
     # States go to disk as CPU tensors: torch.save cannot write XLA tensors, and
     # load_state moves them back to each parameter's device.
-    for i, optimizer in enumerate(accelerator._optimizers if weights else []):
+    for i, optimizer in enumerate(run.objects.optimizers if weights else []):
         state = to_cpu(optimizer.state_dict())
         _write_file(folder / _numbered("optimizer.bin", i), state, torch.save)
-    for i, scheduler in enumerate(accelerator._schedulers):
+    for i, scheduler in enumerate(run.objects.schedulers):
         state = to_cpu(scheduler.state_dict())
         _write_file(folder / _numbered("scheduler.bin", i), state, torch.save)
-    if accelerator.scaler is not None:
-        _write_file(folder / "scaler.pt", to_cpu(accelerator.scaler.state_dict()), torch.save)
-    for i, obj in enumerate(accelerator._custom_objects):
+    if run.objects.scaler is not None:
+        _write_file(folder / "scaler.pt", to_cpu(run.objects.scaler.state_dict()), torch.save)
+    for i, obj in enumerate(run.objects.custom_objects):
         _write_file(folder / f"custom_checkpoint_{i}.pkl", to_cpu(obj.state_dict()), torch.save)
 
 
@@ -232,27 +263,23 @@ def _numbered(name: str, index: int) -> str:
     return f"{stem}_{index}.{ext}"
 
 
-def _write_manifest(accelerator: Accelerator, folder: Path, sharded: bool = False) -> None:
+def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False) -> None:
     files = {
         path.relative_to(folder).as_posix(): path.stat().st_size
         for path in sorted(folder.rglob("*"))
         if path.is_file()
     }
-    for rank in range(accelerator.num_processes):
+    for rank in range(run.num_processes):
         for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
             if name not in files:
                 raise RuntimeError(f"rank {rank} did not write {folder / name}")
     manifest = {
         "format": FORMAT_VERSION,
-        "world_size": accelerator.num_processes,
+        "world_size": run.num_processes,
         "sharded": sharded,
-        "mixed_precision": accelerator.mixed_precision,
-        "iteration": accelerator.project_configuration.iteration,
-        "models": len(accelerator._models),
-        "optimizers": len(accelerator._optimizers),
-        "schedulers": len(accelerator._schedulers),
-        "custom_objects": len(accelerator._custom_objects),
-        "dataloaders": len(accelerator._dataloaders),
+        "mixed_precision": run.mixed_precision,
+        "iteration": run.project.iteration,
+        **run.objects.counts(),  # load_state refuses a run with other objects
         "files": files,
     }
     _write_file(folder / MANIFEST, manifest, _write_json)
@@ -271,9 +298,9 @@ def _move_into_place(partial: Path, target: Path) -> None:
         shutil.rmtree(previous)
 
 
-def _rotate(accelerator: Accelerator, folder: Path) -> None:
+def _rotate(run: CheckpointContext, folder: Path) -> None:
     """Remove the oldest automatically named checkpoints beyond `total_limit`."""
-    config = accelerator.project_configuration
+    config = run.project
     if not config.automatic_checkpoint_naming or not config.total_limit:
         return
     found = list_checkpoints(folder)
@@ -413,12 +440,12 @@ class _Checkpoint:
     loop: dict = field(default_factory=dict)
 
 
-def load_state(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
+def load_state(run: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
     """Restore what `save_state` wrote, on every rank, or change nothing; returns the directory."""
-    folder = _load_source(accelerator, input_dir)
+    folder = _load_source(run, input_dir)
     checkpoint, problem = None, None
     try:
-        checkpoint = _read(accelerator, folder)
+        checkpoint = _read(run, folder)
     except CheckpointError as error:
         problem = str(error)
     # Every rank must agree before any state changes: one bad file stops them all.
@@ -426,19 +453,19 @@ def load_state(accelerator: Accelerator, input_dir: str | os.PathLike | None) ->
     if problems:
         raise CheckpointError(problem or problems[0])
     assert checkpoint is not None
-    _apply(accelerator, checkpoint)
-    _continue_numbering(accelerator, folder)
+    _apply(run, checkpoint)
+    _continue_numbering(run, folder)
     return folder
 
 
-def _load_source(accelerator: Accelerator, input_dir: str | os.PathLike | None) -> Path:
+def _load_source(run: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
     if input_dir is not None:
         folder = Path(input_dir).absolute()
-        if accelerator.is_main_process:
+        if run.is_main_process:
             _finish_interrupted_swap(folder)
-        accelerator.wait_for_everyone()
+        run.barrier()
     else:
-        config = accelerator.project_configuration
+        config = run.project
         if not config.automatic_checkpoint_naming or config.project_dir is None:
             raise ValueError(
                 "load_state() needs input_dir, or an Accelerator with "
@@ -457,25 +484,25 @@ def _load_source(accelerator: Accelerator, input_dir: str | os.PathLike | None) 
     return folder
 
 
-def _read(accelerator: Accelerator, folder: Path) -> _Checkpoint:
+def _read(run: CheckpointContext, folder: Path) -> _Checkpoint:
     manifest = _read_manifest(folder)
-    _check_setup(accelerator, folder, manifest)
+    _check_setup(run, folder, manifest)
     _check_sizes(folder, manifest["files"])
-    rank = accelerator.process_index
+    rank = run.process_index
     checkpoint = _Checkpoint(folder, manifest)
     sharded = manifest.get("sharded", False)  # then read by _apply, through DCP
-    for i, model in enumerate([] if sharded else accelerator._models):
-        checkpoint.models.append(_read_weights(folder, i, accelerator.unwrap_model(model)))
-    for i, optimizer in enumerate([] if sharded else accelerator._optimizers):
+    for i, model in enumerate([] if sharded else run.objects.models):
+        checkpoint.models.append(_read_weights(folder, i, run.unwrap(model)))
+    for i, optimizer in enumerate([] if sharded else run.objects.optimizers):
         path = folder / _numbered("optimizer.bin", i)
         checkpoint.optimizers.append(_check_optimizer(path, _read_pickle(path), optimizer))
-    for i in range(len(accelerator._schedulers)):
+    for i in range(len(run.objects.schedulers)):
         checkpoint.schedulers.append(_read_pickle(folder / _numbered("scheduler.bin", i)))
-    if accelerator.scaler is not None and "scaler.pt" in manifest["files"]:
+    if run.objects.scaler is not None and "scaler.pt" in manifest["files"]:
         checkpoint.scaler = _read_pickle(folder / "scaler.pt")
-    for i in range(len(accelerator._custom_objects)):
+    for i in range(len(run.objects.custom_objects)):
         checkpoint.custom_objects.append(_read_pickle(folder / f"custom_checkpoint_{i}.pkl"))
-    if manifest["world_size"] != accelerator.num_processes:  # a sharded checkpoint
+    if manifest["world_size"] != run.num_processes:  # a sharded checkpoint
         checkpoint.loop = {"step": _read_pickle(folder / "loop_state_0.pkl")["step"]}
         return checkpoint
     checkpoint.random_states = _read_pickle(folder / f"random_states_{rank}.pkl")
@@ -503,26 +530,19 @@ def _read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def _check_setup(accelerator: Accelerator, folder: Path, manifest: dict) -> None:
+def _check_setup(run: CheckpointContext, folder: Path, manifest: dict) -> None:
     """The checkpoint was made by a run shaped like this one."""
     path = folder / MANIFEST
-    if manifest["world_size"] != accelerator.num_processes and not manifest.get("sharded"):
+    if manifest["world_size"] != run.num_processes and not manifest.get("sharded"):
         raise CheckpointError(
             f"{path}: saved by {manifest['world_size']} processes, but this run has "
-            f"{accelerator.num_processes}. Resume with num_processes={manifest['world_size']}."
+            f"{run.num_processes}. Resume with num_processes={manifest['world_size']}."
         )
-    counts = {
-        "models": accelerator._models,
-        "optimizers": accelerator._optimizers,
-        "schedulers": accelerator._schedulers,
-        "custom_objects": accelerator._custom_objects,
-        "dataloaders": accelerator._dataloaders,
-    }
-    for kind, mine in counts.items():
-        if manifest.get(kind, 0) != len(mine):
+    for kind, mine in run.objects.counts().items():
+        if manifest.get(kind, 0) != mine:
             raise CheckpointError(
                 f"{path}: the checkpoint holds {manifest.get(kind, 0)} {kind}, but this "
-                f"Accelerator has {len(mine)}. Prepare (or register) the same objects, in "
+                f"Accelerator has {mine}. Prepare (or register) the same objects, in "
                 "the same order, before load_state()."
             )
 
@@ -586,46 +606,46 @@ def _check_optimizer(path: Path, saved: Any, optimizer: Any) -> dict:
     return saved
 
 
-def _apply(accelerator: Accelerator, checkpoint: _Checkpoint) -> None:
+def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
     if checkpoint.manifest.get("sharded"):
         fsdp.sharded_load(
             checkpoint.folder / SHARDED_FOLDER,
-            _unwrapped_models(accelerator),
-            accelerator._optimizers,
+            run.unwrapped_models(),
+            run.objects.optimizers,
         )
     else:
-        for model, tensors in zip(accelerator._models, checkpoint.models, strict=True):
-            _load_tensors(accelerator.unwrap_model(model), tensors)
-        for optimizer, state in zip(accelerator._optimizers, checkpoint.optimizers, strict=True):
+        for model, tensors in zip(run.objects.models, checkpoint.models, strict=True):
+            _load_tensors(run.unwrap(model), tensors)
+        for optimizer, state in zip(run.objects.optimizers, checkpoint.optimizers, strict=True):
             optimizer.load_state_dict(state)
-    for scheduler, state in zip(accelerator._schedulers, checkpoint.schedulers, strict=True):
+    for scheduler, state in zip(run.objects.schedulers, checkpoint.schedulers, strict=True):
         scheduler.load_state_dict(state)
     if checkpoint.scaler is not None:
-        accelerator.scaler.load_state_dict(checkpoint.scaler)
-    for obj, state in zip(accelerator._custom_objects, checkpoint.custom_objects, strict=True):
+        run.objects.scaler.load_state_dict(checkpoint.scaler)
+    for obj, state in zip(run.objects.custom_objects, checkpoint.custom_objects, strict=True):
         obj.load_state_dict(state)
-    accelerator.step = checkpoint.loop["step"]
+    run.objects.step = checkpoint.loop["step"]
     if not checkpoint.random_states:  # saved by another number of processes
-        if accelerator.is_main_process:
+        if run.is_main_process:
             warnings.warn(
                 f"{checkpoint.folder} was saved by {checkpoint.manifest['world_size']} "
-                f"processes and loaded by {accelerator.num_processes}: weights, optimizer "
+                f"processes and loaded by {run.num_processes}: weights, optimizer "
                 "and scheduler states are restored; random generators and DataLoader "
                 "positions are not.",
                 stacklevel=3,
             )
         return
     loaders = checkpoint.loop["dataloaders"]
-    for loader, state in zip(accelerator._dataloaders, loaders, strict=True):
+    for loader, state in zip(run.objects.dataloaders, loaders, strict=True):
         loader.load_state_dict(state)
     set_rng_states(checkpoint.random_states)  # last: nothing after this may draw
 
 
-def _continue_numbering(accelerator: Accelerator, folder: Path) -> None:
+def _continue_numbering(run: CheckpointContext, folder: Path) -> None:
     """After loading checkpoint_N, automatic naming saves checkpoint_N+1 next (as Accelerate)."""
     match = _NUMBERED.fullmatch(folder.name)
-    if accelerator.project_configuration.automatic_checkpoint_naming and match:
-        accelerator.project_configuration.iteration = int(match.group(1)) + 1
+    if run.project.automatic_checkpoint_naming and match:
+        run.project.iteration = int(match.group(1)) + 1
 
 
 # -- save_model and its loader ------------------------------------------------------------------
