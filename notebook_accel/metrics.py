@@ -1,47 +1,42 @@
 """Metric records: made in a worker by `Accelerator.log`, collected in the kernel.
 
-In a launched worker a record goes straight down the worker's channel to the
-launching process, which keeps the run's history and draws it live. Anywhere
-else (one process, `num_processes=1`) it goes to the local sink the launcher
-sets, or is kept in `local_history()`.
+A record goes where this process's metrics go (launch/destination.py): in a
+launched worker, down the worker's channel to the launching process, which
+keeps the run's history and draws it live; in an in-process launch
+(`num_processes=1`), straight into the run's report. Anywhere else it is kept
+in `local_history()`, which holds the newest LOCAL_HISTORY_MAXLEN records.
 """
 
 from __future__ import annotations
 
 import numbers
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 from notebook_accel.config import process_rank_and_world
-from notebook_accel.launch.channel import worker_channel
+from notebook_accel.launch.destination import current as current_destination
+from notebook_accel.launch.events import MetricRecord
 
+# Records logged outside any launch are kept up to this many; older ones are dropped,
+# so a long session that logs without launching does not grow without bound.
+LOCAL_HISTORY_MAXLEN = 10_000
 
-@dataclass(frozen=True)
-class MetricRecord:
-    """One `log()` call: the values one rank reported at one step."""
-
-    step: int | None
-    rank: int
-    values: dict[str, float | str]
-    time: float
-
-
-_local_sink: Callable[[MetricRecord], None] | None = None
-_local_history: list[MetricRecord] = []
-
-
-def set_local_sink(sink: Callable[[MetricRecord], None] | None):
-    """Send records made in this process to `sink`; returns the previous sink."""
-    global _local_sink
-    previous, _local_sink = _local_sink, sink
-    return previous
+_local_history: deque[MetricRecord] = deque(maxlen=LOCAL_HISTORY_MAXLEN)
 
 
 def local_history() -> list[MetricRecord]:
-    """Records logged in this process while no launch was collecting them."""
-    return _local_history
+    """Records logged in this process while no launch was collecting them, oldest first.
+
+    Only the newest LOCAL_HISTORY_MAXLEN are kept.
+    """
+    return list(_local_history)
+
+
+def clear_local_history() -> None:
+    """Forget the records `local_history()` holds."""
+    _local_history.clear()
 
 
 def record(values: Mapping[str, Any], step: int | None = None) -> MetricRecord:
@@ -54,11 +49,9 @@ def record(values: Mapping[str, Any], step: int | None = None) -> MetricRecord:
         values={str(name): _plain(name, value) for name, value in values.items()},
         time=time.time(),
     )
-    channel = worker_channel()
-    if channel is not None:
-        channel.send("metric", entry, batch=True)
-    elif _local_sink is not None:
-        _local_sink(entry)
+    send = current_destination().metric
+    if send is not None:
+        send(entry)
     else:
         _local_history.append(entry)
     return entry
@@ -75,3 +68,6 @@ def _plain(name: str, value: Any) -> float | str:
         f"log() got {type(value).__name__} for {name!r}; log numbers, one-element "
         "tensors or strings."
     )
+
+
+__all__ = ["MetricRecord", "LOCAL_HISTORY_MAXLEN", "clear_local_history", "local_history", "record"]

@@ -1,31 +1,31 @@
 """A progress bar for training loops, shown once (on the main process).
 
-Rendering is pluggable: the launcher can set `progress_hook` in a worker to
-receive `(step, total, elapsed_seconds)` updates and draw them in the kernel;
-without a hook the bar is drawn with rich, which also renders in notebooks.
+Rendering is pluggable: updates `(step, total, elapsed_seconds)` go where this
+process's progress goes (launch/destination.py): a launched worker sends them
+to the kernel, which draws them; `set_progress_hook` sends them to a function
+of your own. Without either, the bar is drawn with rich, which also renders in
+notebooks.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any, TypeVar
 
 from notebook_accel.config import process_rank_and_world
+from notebook_accel.launch import destination
+from notebook_accel.launch.destination import ProgressHook
 
 T = TypeVar("T")
 
-ProgressHook = Callable[[int, "int | None", float], None]
-
-# Set by whoever wants the updates instead of a rich bar (the launcher, in a worker).
-progress_hook: ProgressHook | None = None
-
 
 def set_progress_hook(hook: ProgressHook | None) -> ProgressHook | None:
-    """Send progress updates to `hook` (None: back to rich). Returns the previous hook."""
-    global progress_hook
-    previous, progress_hook = progress_hook, hook
-    return previous
+    """Send progress updates to `hook` (None: back to rich). Returns the previous hook.
+
+    Inside a launch the hook lasts until the training function ends.
+    """
+    return destination.replace_progress(hook)
 
 
 def _is_main_process() -> bool:
@@ -52,7 +52,7 @@ def progress_bar(
     if disable or (main_process_only and not _is_main_process()):
         yield from iterable
         return
-    hook = progress_hook
+    hook = destination.current().progress
     if hook is not None:
         yield from _with_hook(iterable, total, hook)
     else:

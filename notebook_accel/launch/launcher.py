@@ -8,146 +8,74 @@ import socket
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.config import LaunchConfig, LaunchSettings
+from notebook_accel.config import LaunchSettings
+from notebook_accel.launch.destination import Destination, sending_to
 from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.events import (
+    AttemptStarted,
+    Progress,
+    Restarting,
+    Result,
+    RunEnded,
+    RunEvent,
+)
 from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
+from notebook_accel.launch.options import (
+    LaunchConfig,
+    merged_with_file,
+    name_positionals,
+    signature_parameters,
+)
+from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
-from notebook_accel.launch.workers import StopSignal, WorkerGroup
-from notebook_accel.metrics import MetricRecord
+from notebook_accel.launch.report import RunReport
+from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup
 
-
-@dataclass
-class RunReport:
-    """What the latest launch did; `last_run()` returns it.
-
-    `metrics` holds every `Accelerator.log` record in arrival order;
-    `resources` each rank's memory figures (`rss_bytes` live, `peak_rss_bytes`
-    and, on GPUs, `peak_gpu_bytes` at the end); `progress` the main
-    process's latest progress-bar position.
-    """
-
-    status: str = "starting"  # starting, running, finished, failed, stopped, timed out
-    world_size: int = 0
-    backend: str = ""
-    mixed_precision: str = "no"
-    results: dict[int, Any] = field(default_factory=dict)
-    error: BaseException | None = None
-    restarts: int = 0
-    started_at: float = 0.0
-    duration: float = 0.0
-    metrics: list[MetricRecord] = field(default_factory=list)
-    resources: dict[int, dict[str, int]] = field(default_factory=dict)
-    progress: dict[str, Any] | None = None
-
-    def history(self, name: str, rank: int | None = None) -> list[tuple[int | None, Any]]:
-        """(step, value) pairs of one metric, in the order they were logged."""
-        return [
-            (r.step, r.values[name])
-            for r in self.metrics
-            if name in r.values and (rank is None or r.rank == rank)
-        ]
-
-    def to_dataframe(self):
-        """The metric history as a pandas DataFrame: step, rank, time, one column per metric."""
-        try:
-            import pandas
-        except ImportError:
-            raise ImportError("to_dataframe() needs pandas: pip install pandas") from None
-        rows = [{"step": r.step, "rank": r.rank, "time": r.time, **r.values} for r in self.metrics]
-        return pandas.DataFrame(rows)
-
-
-class _HistoryObserver(RunObserver):
-    """Keeps the run's metrics, progress and resource figures in its report."""
-
-    def __init__(self, report: RunReport):
-        self.report = report
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        if kind == "metric":
-            self.report.metrics.append(payload)
-        elif kind == "progress":
-            self.report.progress = payload
-        elif kind == "resources":
-            figures = self.report.resources.setdefault(rank, {})
-            peak = max(
-                figures.get("peak_rss_bytes", 0),
-                payload.get("peak_rss_bytes", 0),
-                payload.get("rss_bytes", 0),
-            )
-            figures.update(payload)
-            figures["peak_rss_bytes"] = peak
-
-
+# The report of the most recently started launch in this process (each run
+# has its own; this is only which one `last_run()` answers with).
 _last_run = RunReport()
 
 
 def last_run() -> RunReport:
-    """The report of the most recent `notebook_launcher` call in this process."""
+    """The report of the most recently started launch in this process.
+
+    Each launch has a report of its own: a launch started later (say, from a
+    panel while a cell's launch runs) does not change an earlier one's.
+    """
     return _last_run
 
 
 def notebook_launcher(
     function: Callable[..., Any],
     args: tuple | list = (),
-    num_processes: int | None = None,
-    mixed_precision: str | None = "no",
-    use_port: int | str | None = None,
-    master_addr: str = "127.0.0.1",
-    node_rank: int = 0,
-    num_nodes: int = 1,
-    *,
+    *positional: Any,
     kwargs: dict[str, Any] | None = None,
     config: LaunchConfig | str | os.PathLike | None = None,
-    backend: str | None = None,
-    devices: list[int] | None = None,
-    gradient_accumulation_steps: int = 1,
-    max_restarts: int = 0,
-    timeout: float | None = None,
-    return_all: bool = False,
-    output: str = "all",
     live: bool | None = None,
-    threads_per_process: int | None = None,
     observers: list[RunObserver] | None = None,
-    fsdp: Any = None,
-    **unknown: Any,
+    **options: Any,
 ) -> Any:
     """Run `function(*args)` in one worker process per device and return its result.
 
     Workers are forked from this process, so a function defined in a notebook
     cell works as it is. CPU workers form a gloo process group, GPU workers an
     nccl one (one GPU each). Every input is checked before anything starts.
+    After `args` come Accelerate's positional options (num_processes,
+    mixed_precision, use_port, master_addr, node_rank, num_nodes).
 
     Args:
         function: the training function; it runs once in every worker.
         args: positional arguments for `function`.
-        num_processes: how many workers. Default: every GPU, or 2 CPU workers.
-            With 1, `function` runs right here, in this process.
-        mixed_precision: "no", "fp16", "bf16" or "fp8"; `Accelerator()` in the
-            workers uses it unless told otherwise.
-        use_port: the rendezvous port. Default: a free one (29500 across nodes).
-        master_addr, node_rank, num_nodes: for a run over several machines,
-            each calling `notebook_launcher` with its own `node_rank`.
         kwargs: keyword arguments for `function`.
         config: a `LaunchConfig` or the path of its YAML file (the panel's
-            "Save"); options passed here with other than their default win.
-        backend: "cpu", "cuda" or "xla" (TPUs) to override what the hardware suggests.
-        devices: which GPUs to use, by index (default: the first `num_processes`).
-        gradient_accumulation_steps: picked up by `Accelerator()` in the workers.
-        max_restarts: how many times to restart all workers after a failure.
-        timeout: seconds for the whole run; then the workers are stopped and
-            TimeoutError is raised.
-        return_all: return every rank's value as a list ordered by rank.
-        output: "all" (other ranks' lines prefixed), "main" or "none".
+            "Save"); every option passed here wins over the file's.
         live: show progress, metrics and a loss curve while the run goes
             (default: as widgets in a notebook, as text lines in a script).
-        threads_per_process: torch threads in each worker (default 1; see README).
         observers: extra receivers of the run's events (output, metrics, exits).
-        fsdp: shard models with FSDP2 in the workers' `prepare`: True, or a dict of
-            `FullyShardedDataParallelPlugin` fields (the YAML's `fsdp:` section).
+
+    {options}
 
     Returns:
         The main worker's return value, tensors moved to the CPU; with
@@ -160,33 +88,12 @@ def notebook_launcher(
         TimeoutError: `timeout` passed.
         KeyboardInterrupt: the run was interrupted; the workers are stopped.
     """
-    options = {
-        "num_processes": num_processes,
-        "mixed_precision": mixed_precision,
-        "use_port": use_port,
-        "master_addr": master_addr,
-        "node_rank": node_rank,
-        "num_nodes": num_nodes,
-        "backend": backend,
-        "devices": devices,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "max_restarts": max_restarts,
-        "timeout": timeout,
-        "fsdp": fsdp,
-    }
+    given = name_positionals(positional, options)
     if config is not None:
-        options = _merged_with_config(options, config)
-    plan = plan_launch(
-        function=function,
-        args=args,
-        kwargs=kwargs,
-        return_all=return_all,
-        output=output,
-        threads_per_process=threads_per_process,
-        unknown=unknown,
-        **options,
-    )
-    console = ConsoleObserver(output, main_rank=plan.node_rank * plan.local_world_size)
+        given = merged_with_file(given, config)
+    plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
+    main_rank = plan.node_rank * plan.local_world_size
+    console = ConsoleObserver(plan.output, main_rank=main_rank)
     extra = list(observers or [])
     if live is None or live:
         from notebook_accel.ui.live import live_view
@@ -197,53 +104,60 @@ def notebook_launcher(
     return run_plan(plan, ObserverGroup([console, *extra]))
 
 
-def _merged_with_config(options: dict[str, Any], config: Any) -> dict[str, Any]:
-    if not isinstance(config, LaunchConfig):
-        config = LaunchConfig.load(config)
-    defaults = inspect.signature(notebook_launcher).parameters
-    merged = config.launch_options()
-    for name, value in options.items():
-        if value != defaults[name].default:
-            merged[name] = value
-    return merged
+# The options are defined once (launch/options.py); help() and a notebook's
+# Shift-Tab show them as keyword parameters, with their defaults and help.
+notebook_launcher.__signature__ = inspect.signature(notebook_launcher).replace(
+    parameters=[
+        *[
+            parameter
+            for parameter in inspect.signature(notebook_launcher).parameters.values()
+            if parameter.kind is not inspect.Parameter.VAR_POSITIONAL
+            and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+        ],
+        *signature_parameters(),
+    ]
+)
+notebook_launcher.__doc__ = notebook_launcher.__doc__.replace(
+    "{options}", options_docstring().replace("\n", "\n    ")
+)
 
 
-def run_plan(plan: LaunchPlan, observer: RunObserver, stop: StopSignal | None = None) -> Any:
+def run_plan(
+    plan: LaunchPlan,
+    observer: RunObserver,
+    stop: StopSignal | None = None,
+    report: RunReport | None = None,
+) -> Any:
     """Run a checked launch plan; the panel and the command line call this too.
 
-    `stop` lets another thread end the run (then KeyboardInterrupt is raised).
+    Every event of the run is folded into `report` (a new one unless given),
+    then handed to `observer` with it. `stop` lets another thread end the run
+    (then KeyboardInterrupt is raised).
     """
     global _last_run
-    report = RunReport(
-        world_size=plan.world_size,
-        backend=plan.backend.name,
-        mixed_precision=plan.settings.mixed_precision,
-        started_at=time.time(),
-    )
+    if report is None:
+        report = RunReport.for_plan(plan)
+    if not report.started_at:
+        report.started_at = time.time()
     _last_run = report
-    observer = ObserverGroup([_HistoryObserver(report), observer])
+    observers = ObserverGroup([observer])
+
+    def emit(event: RunEvent) -> None:
+        report.apply(event)
+        observers.on_event(event, report)
+
     error: BaseException | None = None
     try:
         if plan.in_process:
-            results = _run_in_process(plan, observer, report)
+            _run_in_process(plan, emit)
         else:
-            results = _run_workers(plan, observer, report, stop)
-        report.status = "finished"
-        report.results = results
-    except KeyboardInterrupt as interrupt:
-        report.status, error = "stopped", interrupt
-        raise
-    except TimeoutError as timeout:
-        report.status, error = "timed out", timeout
-        raise
+            _run_workers(plan, emit, stop)
     except BaseException as failure:
-        report.status, error = "failed", failure
+        error = failure
         raise
     finally:
-        report.error = error
-        report.duration = time.time() - report.started_at
-        observer.on_end(error)
-    return _returned(plan, results)
+        emit(RunEnded(error))
+    return _returned(plan, report.results)
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
@@ -253,10 +167,7 @@ def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
     return results.get(first)
 
 
-def _run_workers(
-    plan: LaunchPlan, observer: RunObserver, report: RunReport, stop: StopSignal | None
-) -> dict[int, Any]:
-
+def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for attempt in range(plan.max_restarts + 1):
         if stop is not None and stop.is_set():  # Stop pressed while restarting
@@ -264,22 +175,20 @@ def _run_workers(
         with _Rendezvous(plan) as rendezvous:
             group = WorkerGroup(
                 plan.worker_spec(rendezvous.port, attempt),
-                observer,
+                emit,
                 stop,
                 close_in_workers=rendezvous.fds(),
             )
             try:
-                observer.on_start(plan.local_world_size, attempt)
+                emit(AttemptStarted(plan.local_world_size, attempt))
                 group.start()
                 rendezvous.serve()
-                report.status = "running"
                 group.wait(deadline)
-                return group.results
+                return
             except WorkerError as failure:
                 if attempt == plan.max_restarts:
                     raise
-                report.restarts += 1
-                observer.on_restart(attempt + 1, failure)
+                emit(Restarting(attempt + 1, failure))
             except TimeoutError:
                 raise TimeoutError(
                     f"the run did not finish within timeout={plan.timeout} s; "
@@ -290,15 +199,14 @@ def _run_workers(
     raise AssertionError("unreachable")
 
 
-def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) -> dict[int, Any]:
+def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:
     """num_processes=1: call the function here, so debuggers and %debug work."""
     import torch.distributed as dist
 
-    from notebook_accel import metrics, progress
     from notebook_accel.nested import to_cpu
 
-    def progress_to_observer(step: int, total: int | None, elapsed: float) -> None:
-        observer.on_message(0, "progress", {"step": step, "total": total, "elapsed": elapsed})
+    def progress(step: int, total: int | None, elapsed: float) -> None:
+        emit(Progress(0, step, total, elapsed))
 
     was_initialized = dist.is_available() and dist.is_initialized()
     with (
@@ -306,20 +214,14 @@ def _run_in_process(plan: LaunchPlan, observer: RunObserver, report: RunReport) 
         _patched_environ(plan.environment(rendezvous.port, attempt=0)),
     ):
         rendezvous.serve()
-        report.status = "running"
-        observer.on_start(plan.local_world_size, 0)
-        previous_sink = metrics.set_local_sink(
-            lambda record: observer.on_message(0, "metric", record)
-        )
-        previous_hook = progress.set_progress_hook(progress_to_observer)
+        emit(AttemptStarted(plan.local_world_size, 0))
         try:
-            value = plan.function(*plan.args, **plan.kwargs)
+            with sending_to(Destination(metric=emit, progress=progress)):
+                value = plan.function(*plan.args, **plan.kwargs)
         finally:
-            metrics.set_local_sink(previous_sink)
-            progress.set_progress_hook(previous_hook)
             if not was_initialized and dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
-    return {0: to_cpu(value)}
+    emit(Result(0, to_cpu(value)))
 
 
 class _Rendezvous:

@@ -1,15 +1,23 @@
-"""Where a run's output and events go in the launching process.
+"""Where a run's events go in the launching process, after its report has them.
 
-The worker group reports to an observer; the default one prints to this
+The launcher folds each event into the run's report (launch/report.py) and
+then hands both to an observer; the default one prints worker output to this
 process's stdout and stderr (the running cell, in a notebook). Other views,
-such as a live progress display or the control panel, are observers too.
+such as a live progress display or the control panel, are observers too, and
+draw the report.
 """
 
 from __future__ import annotations
 
 import sys
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING
+
+from notebook_accel.launch.events import OutputLine, Restarting, RunEnded
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.events import RunEvent
+    from notebook_accel.launch.report import RunReport
 
 OUTPUT_CHOICES = ("all", "main", "none")
 
@@ -20,20 +28,10 @@ def rank_prefix(rank: int, main_rank: int) -> str:
 
 
 class RunObserver:
-    """Receives a run's events. Every method is optional."""
+    """Receives a run's events (launch/events.py), each after the run's report took it in."""
 
-    def on_start(self, workers: int, attempt: int) -> None:
-        """An attempt starts `workers` processes on this machine (attempt 0, then restarts)."""
-
-    def on_output(self, rank: int, stream: str, line: str) -> None: ...
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> None: ...
-
-    def on_worker_exit(self, rank: int, exitcode: int) -> None: ...
-
-    def on_restart(self, attempt: int, error: BaseException) -> None: ...
-
-    def on_end(self, error: BaseException | None) -> None: ...
+    def on_event(self, event: RunEvent, report: RunReport) -> None:
+        """Called once per event, in order, from the thread that runs the launch."""
 
 
 class ConsoleObserver(RunObserver):
@@ -43,19 +41,25 @@ class ConsoleObserver(RunObserver):
         self.output = output
         self.main_rank = main_rank
 
-    def on_output(self, rank: int, stream: str, line: str) -> None:
-        if self.output == "none" or (self.output == "main" and rank != self.main_rank):
+    def on_event(self, event: RunEvent, report: RunReport) -> None:
+        if isinstance(event, OutputLine):
+            self._write_line(event)
+        elif isinstance(event, Restarting):
+            self._announce_restart(event)
+
+    def _write_line(self, event: OutputLine) -> None:
+        if self.output == "none" or (self.output == "main" and event.rank != self.main_rank):
             return
-        target = sys.stderr if stream == "stderr" else sys.stdout
-        target.write(rank_prefix(rank, self.main_rank) + line)
+        target = sys.stderr if event.stream == "stderr" else sys.stdout
+        target.write(rank_prefix(event.rank, self.main_rank) + event.line)
         target.flush()
 
-    def on_restart(self, attempt: int, error: BaseException) -> None:
+    def _announce_restart(self, event: Restarting) -> None:
         # The cause first (which rank, and how it ended), then what happens next.
-        failures = getattr(error, "failures", None)
-        cause = failures[0].describe() if failures else str(error).splitlines()[0]
+        failures = getattr(event.error, "failures", None)
+        cause = failures[0].describe() if failures else str(event.error).splitlines()[0]
         sys.stderr.write(
-            f"notebook_accel: {cause}; restarting every worker (restart {attempt}); "
+            f"notebook_accel: {cause}; restarting every worker (restart {event.attempt}); "
             "a function that calls load_state() continues from its newest checkpoint\n"
         )
         sys.stderr.flush()
@@ -67,49 +71,18 @@ class ObserverGroup(RunObserver):
     def __init__(self, observers: list[RunObserver]):
         self.observers = observers
 
-    def on_start(self, workers: int, attempt: int) -> None:
-        for observer in self.observers:
-            observer.on_start(workers, attempt)
-
-    def on_output(self, rank: int, stream: str, line: str) -> None:
-        for observer in self.observers:
-            observer.on_output(rank, stream, line)
-
-    def on_message(self, rank: int, kind: str, payload: Any) -> None:
-        for observer in self.observers:
-            observer.on_message(rank, kind, payload)
-
-    def on_worker_exit(self, rank: int, exitcode: int) -> None:
-        for observer in self.observers:
-            observer.on_worker_exit(rank, exitcode)
-
-    def on_restart(self, attempt: int, error: BaseException) -> None:
-        for observer in self.observers:
-            observer.on_restart(attempt, error)
-
-    def on_end(self, error: BaseException | None) -> None:
+    def on_event(self, event: RunEvent, report: RunReport) -> None:
+        if not isinstance(event, RunEnded):
+            for observer in self.observers:
+                observer.on_event(event, report)
+            return
         # Every view gets the end, and a view that fails drawing it must not
         # replace the run's own error on its way to the caller.
         for observer in self.observers:
             try:
-                observer.on_end(error)
+                observer.on_event(event, report)
             except Exception as failure:  # noqa: BLE001
                 warnings.warn(
                     f"{type(observer).__name__} could not show the end of the run: {failure!r}",
                     stacklevel=2,
                 )
-
-
-class LineBuffer:
-    """Joins chunks of a stream into whole lines."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[str]:
-        *lines, self._pending = (self._pending + data).split(b"\n")
-        return [line.decode(errors="replace") + "\n" for line in lines]
-
-    def flush(self) -> list[str]:
-        rest, self._pending = self._pending, b""
-        return [rest.decode(errors="replace") + "\n"] if rest else []

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import sys
-import time
+from typing import Any, TextIO
 
+from notebook_accel.launch.report import RunReport
 from notebook_accel.ui import format as fmt
-from notebook_accel.ui.state import RunState
+from notebook_accel.ui.state import RunView
 
 
 def in_notebook() -> bool:
@@ -18,33 +19,38 @@ def in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def live_view(plan, force: bool = False) -> RunState | None:
-    """The right live display for where the launch runs."""
-    main_rank = plan.node_rank * plan.local_world_size
+def live_view(plan: Any = None, force: bool = False) -> RunView | None:
+    """The right live display for where the launch runs.
+
+    `force` shows the widgets from the start, not only once progress or a
+    metric arrives. `plan` is accepted for callers that pass it; a view reads
+    everything from the run's report.
+    """
     if in_notebook():
         try:
             import ipywidgets  # noqa: F401
         except ImportError:
-            return TextView(main_rank)
-        return WidgetView(main_rank, show_always=force)
-    return TextView(main_rank)
+            return TextView()
+        return WidgetView(show_always=force)
+    return TextView()
 
 
-class WidgetView(RunState):
+class WidgetView(RunView):
     """Shows progress, metrics and the loss curve under the running cell.
 
     It appears with the first progress update or metric, so a launch that
     reports neither leaves the cell as it was.
     """
 
-    def __init__(self, main_rank: int = 0, show_always: bool = False) -> None:
-        super().__init__(main_rank)
+    def __init__(self, show_always: bool = False) -> None:
+        super().__init__()
         self.show_always = show_always
         self.widgets = None
 
     def changed(self, final: bool) -> None:
+        report = self.report
         if self.widgets is None:
-            if not (self.has_live_data or self.show_always):
+            if not (report.has_live_data or self.show_always):
                 return
             from IPython.display import display
 
@@ -52,50 +58,50 @@ class WidgetView(RunState):
 
             self.widgets = RunWidgets()
             display(self.widgets.box)
-        self.widgets.refresh(self)
+        self.widgets.refresh(report)
 
 
-class TextView(RunState):
+class TextView(RunView):
     """Prints a progress line every few seconds, and a summary at the end."""
 
     interval = 2.0
 
-    def __init__(self, main_rank: int = 0, stream=None) -> None:
-        super().__init__(main_rank)
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
         self.stream = stream
-        self.started = time.monotonic()
         self._last_line = ""
 
     def changed(self, final: bool) -> None:
-        if not self.has_live_data:
+        report = self.report
+        if not report.has_live_data:
             return
         out = self.stream or sys.stdout
         if final:
             memory = ", ".join(
                 f"rank {rank} {fmt.size(figures.get('peak_rss_bytes'))}"
-                for rank, figures in sorted(self.resources.items())
+                for rank, figures in sorted(report.resources.items())
             )
             out.write(
-                f"[notebook_accel] {self.outcome} in "
-                f"{fmt.duration(time.monotonic() - self.started)}"
+                f"[notebook_accel] {report.status} in {fmt.duration(report.duration)}"
                 + (f" · peak memory: {memory}" if memory else "")
                 + "\n"
             )
         else:
-            line = self.status_line()
+            line = status_line(report)
             if line == self._last_line:
                 return
             self._last_line = line
             out.write(f"[notebook_accel] {line}\n")
         out.flush()
 
-    def status_line(self) -> str:
-        parts = []
-        if self.progress:
-            parts.append(
-                fmt.progress_line(
-                    self.progress["step"], self.progress.get("total"), self.progress["elapsed"]
-                )
-            )
-        parts += [f"{name} {fmt.number(value)}" for name, value in self.latest.items()]
-        return " · ".join(parts)
+
+def status_line(report: RunReport) -> str:
+    """One line of a report's progress and latest metric values."""
+    parts = []
+    if report.progress:
+        progress = report.progress
+        parts.append(
+            fmt.progress_line(progress["step"], progress.get("total"), progress["elapsed"])
+        )
+    parts += [f"{name} {fmt.number(value)}" for name, value in report.latest.items()]
+    return " · ".join(parts)

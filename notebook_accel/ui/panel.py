@@ -15,12 +15,10 @@ from dataclasses import dataclass, field
 from html import escape
 from typing import Any
 
-from notebook_accel.config import PRECISIONS, LaunchConfig
-from notebook_accel.launch.backends import BACKENDS
-from notebook_accel.launch.hardware import Hardware
-from notebook_accel.launch.hardware import detect as detect_hardware
+from notebook_accel.launch.options import OPTIONS, LaunchConfig
+from notebook_accel.platforms import PLATFORMS, Hardware, detect_hardware, offered_platforms
 from notebook_accel.ui import format as fmt
-from notebook_accel.ui.state import RunState
+from notebook_accel.ui.state import RunView
 
 
 @dataclass
@@ -40,34 +38,30 @@ class PanelChoices:
     @classmethod
     def for_hardware(cls, hardware: Hardware) -> PanelChoices:
         backend = hardware.accelerator
-        gpus = [gpu.index for gpu in hardware.gpus] if backend == "cuda" else []
-        processes = len(gpus) or BACKENDS["cpu"].default_num_processes(hardware)
+        gpus = [gpu.index for gpu in hardware.gpus] if PLATFORMS[backend].chooses_devices else []
+        processes = len(gpus) or PLATFORMS["cpu"].default_num_processes(hardware)
         return cls(hardware, backend, gpus, max(processes, 1))
 
+    @property
+    def platform(self):
+        return PLATFORMS[self.backend]
+
     def backends(self) -> list[str]:
-        found = ["cuda"] if self.hardware.gpus else []
-        found += ["xla"] if self.hardware.tpu_cores else []
-        return [*found, "cpu"]
+        return offered_platforms(self.hardware)
 
     def processes(self) -> int:
         """Workers the launch will start: one per chosen GPU, every TPU core, or as asked."""
-        if self.backend == "cuda":
-            return len(self.gpus)
-        if self.backend == "xla":
-            return self.hardware.tpu_cores
-        return self.num_processes
+        return self.platform.processes_for(self.hardware, self.gpus, self.num_processes)
 
     def precision_problems(self) -> dict[str, str | None]:
         """Each precision, with why it cannot run here (None when it can)."""
-        backend = BACKENDS[self.backend]
-        return {name: backend.precision_problem(name, self.hardware) for name in PRECISIONS}
+        choices = OPTIONS["mixed_precision"].choices or ()
+        return {name: self.platform.precision_problem(name, self.hardware) for name in choices}
 
     def problem(self) -> str | None:
         """Why Launch cannot go ahead with these choices, or None."""
-        if self.backend == "cuda" and not self.gpus:
-            return "choose at least one GPU"
-        if self.backend == "cpu" and self.num_processes < 1:
-            return "choose at least one process"
+        if self.processes() < 1:
+            return f"choose at least one {self.platform.device_noun}"
         reason = self.precision_problems()[self.mixed_precision]
         if reason:
             return f"{self.mixed_precision}: {reason}"
@@ -78,7 +72,7 @@ class PanelChoices:
             self.loaded,
             backend=self.backend,
             num_processes=self.processes(),
-            devices=list(self.gpus) if self.backend == "cuda" else None,
+            devices=list(self.gpus) if self.platform.chooses_devices else None,
             mixed_precision=self.mixed_precision,
             gradient_accumulation_steps=self.gradient_accumulation_steps,
             fsdp=self.fsdp,
@@ -92,10 +86,10 @@ class PanelChoices:
                 f"the configuration asks for backend {backend!r}, which this "
                 f"machine does not have (it has {', '.join(self.backends())})."
             )
-        problem = BACKENDS[backend].precision_problem(config.mixed_precision, self.hardware)
+        problem = PLATFORMS[backend].precision_problem(config.mixed_precision, self.hardware)
         if problem:
             raise ValueError(f"the configuration asks for {config.mixed_precision}: {problem}.")
-        if backend == "cuda":
+        if PLATFORMS[backend].chooses_devices:
             known = {gpu.index for gpu in self.hardware.gpus}
             gpus = (
                 config.devices
@@ -129,15 +123,15 @@ def hardware_summary(hardware: Hardware) -> str:
     return "<br>".join(escape(line) for line in lines)
 
 
-class _PanelRun(RunState):
+class _PanelRun(RunView):
     """The panel's view of one run: redraws its widgets from the launch thread."""
 
-    def __init__(self, panel: LaunchPanel, main_rank: int = 0) -> None:
-        super().__init__(main_rank)
+    def __init__(self, panel: LaunchPanel) -> None:
+        super().__init__()
         self.panel = panel
 
     def changed(self, final: bool) -> None:
-        self.panel.run_widgets.refresh(self)
+        self.panel.run_widgets.refresh(self.report)
 
 
 class LaunchPanel:
@@ -145,7 +139,8 @@ class LaunchPanel:
 
     After a run, `result` holds the main worker's return value, `error` the
     exception (a WorkerError with the worker's traceback), and `report` the
-    run's report (as `last_run()` gives it).
+    report of the run it started, from its start on (a launch from a cell
+    meanwhile has a report of its own, which `last_run()` then gives).
     """
 
     def __init__(
@@ -172,10 +167,12 @@ class LaunchPanel:
 
         hw = self.choices.hardware
         self.hardware_view = w.HTML(hardware_summary(hw))
+        # Each field's bounds and tooltip come from the launch option it sets.
         self.backend = w.Dropdown(
             options=self.choices.backends(),
             value=self.choices.backend,
             description="Backend",
+            tooltip=OPTIONS["backend"].help,
             layout=w.Layout(width="200px"),
         )
         self.gpu_boxes = [
@@ -189,14 +186,15 @@ class LaunchPanel:
         ]
         self.processes = w.BoundedIntText(
             value=self.choices.num_processes,
-            min=1,
+            min=OPTIONS["num_processes"].minimum,
             max=256,
             description="Processes",
+            tooltip=OPTIONS["num_processes"].help,
             layout=w.Layout(width="180px"),
         )
         self.processes.add_class("notebook-accel-processes")
         self.precision_buttons = {}
-        for name in PRECISIONS:
+        for name in OPTIONS["mixed_precision"].choices or ():
             button = w.ToggleButton(
                 value=name == self.choices.mixed_precision,
                 description=name,
@@ -206,14 +204,20 @@ class LaunchPanel:
             button.observe(self._on_precision, names="value")
             self.precision_buttons[name] = button
         self.precision_note = w.HTML()
+        accumulation = OPTIONS["gradient_accumulation_steps"]
         self.accumulation = w.BoundedIntText(
-            value=1, min=1, max=4096, description="Accumulate", layout=w.Layout(width="180px")
+            value=accumulation.default,
+            min=accumulation.minimum,
+            max=4096,
+            description="Accumulate",
+            tooltip=accumulation.help,
+            layout=w.Layout(width="180px"),
         )
         self.shard = w.Checkbox(
             value=False,
             description="Shard the model (FSDP2)",
             indent=False,
-            tooltip="prepare() shards models with fully_shard instead of DDP",
+            tooltip=OPTIONS["fsdp"].help,
         )
         self.shard.add_class("notebook-accel-fsdp")
         self.launch_button = w.Button(description="Launch", button_style="primary", icon="play")
@@ -325,10 +329,10 @@ class LaunchPanel:
             self.backend.value = choices.backend
             for gpu, box in zip(choices.hardware.gpus, self.gpu_boxes, strict=True):
                 box.value = gpu.index in choices.gpus
-                box.layout.display = "" if choices.backend == "cuda" else "none"
+                box.layout.display = "" if choices.platform.chooses_devices else "none"
                 box.disabled = running
             self.processes.value = choices.processes()
-            self.processes.disabled = running or choices.backend != "cpu"
+            self.processes.disabled = running or not choices.platform.free_process_count
             problems = choices.precision_problems()
             for name, button in self.precision_buttons.items():
                 button.value = name == choices.mixed_precision
@@ -388,7 +392,8 @@ class LaunchPanel:
         """Start a run with the current choices (in a thread, so Stop stays clickable)."""
         from notebook_accel.launch.launcher import run_plan
         from notebook_accel.launch.preflight import plan_launch
-        from notebook_accel.launch.workers import StopSignal
+        from notebook_accel.launch.report import RunReport
+        from notebook_accel.launch.supervisor import StopSignal
 
         if self.running:
             return
@@ -408,18 +413,16 @@ class LaunchPanel:
         self.outcome.value = ""
         self._say("")
         stop = self._stop = StopSignal()
-        view = _PanelRun(self, main_rank=plan.node_rank * plan.local_world_size)
+        report = self.report = RunReport.for_plan(plan)
+        view = _PanelRun(self)
 
         def run() -> None:
-            from notebook_accel.launch.launcher import last_run
-
             try:
-                self.result = run_plan(plan, view, stop=stop)
+                self.result = run_plan(plan, view, stop=stop, report=report)
             except BaseException as error:  # noqa: BLE001 - shown in the panel
                 self.error = error
             finally:
                 stop.close()
-                self.report = last_run()
                 self._active = False
                 self._show_outcome()
                 self._sync_widgets()

@@ -1,4 +1,4 @@
-"""ipywidgets that draw a RunState: progress, metrics, loss curve, ranks, logs."""
+"""ipywidgets that draw a run's report: progress, metrics, loss curve, ranks, logs."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ from html import escape
 
 import ipywidgets as widgets
 
+from notebook_accel.launch.report import FINAL_STATUSES, RunReport
 from notebook_accel.ui import format as fmt
 from notebook_accel.ui.plot import line_chart
-from notebook_accel.ui.state import RunState
 
 STATUS_COLOURS = {
     "starting": "#888",
@@ -16,11 +16,12 @@ STATUS_COLOURS = {
     "finished": "#2ca02c",
     "failed": "#d62728",
     "stopped": "#ff7f0e",
+    "timed out": "#d62728",
 }
 
 
 class RunWidgets:
-    """The widgets of one run's display; `refresh(state)` redraws them."""
+    """The widgets of one run's display; `refresh(report)` redraws them."""
 
     def __init__(self, show_logs: bool = False) -> None:
         self.bar = widgets.IntProgress(
@@ -41,8 +42,9 @@ class RunWidgets:
         self.box = widgets.VBox(parts)
         self.box.add_class("notebook-accel-run")
 
-    def refresh(self, state: RunState) -> None:
-        progress = state.progress
+    def refresh(self, report: RunReport) -> None:
+        """Draw `report` as it is now."""
+        progress = report.progress
         if progress:
             total = progress.get("total") or max(progress["step"], 1)
             self.bar.max = total
@@ -50,26 +52,31 @@ class RunWidgets:
             self.bar_label.value = fmt.progress_line(
                 progress["step"], progress.get("total"), progress["elapsed"]
             )
-        if state.outcome in ("finished", "failed", "stopped", "timed out"):
-            self.bar.bar_style = "success" if state.outcome == "finished" else "danger"
-        self.ranks.value = ranks_html(state)
-        self.metrics.value = metrics_html(state)
-        name = state.curve_name()
+        if report.status in FINAL_STATUSES:
+            self.bar.bar_style = "success" if report.status == "finished" else "danger"
+        self.ranks.value = ranks_html(report)
+        self.metrics.value = metrics_html(report)
+        name = report.curve_name()
         if name is not None:
-            self.chart.value = line_chart(state.curves[name], title=name)
+            self.chart.value = line_chart(report.curves[name], title=name)
         self.logs.value = (
             "<pre class='notebook-accel-logs' style='margin:0'>"
-            + escape("".join(state.logs))
+            + escape("".join(report.logs))
             + "</pre>"
         )
 
 
-def ranks_html(state: RunState) -> str:
+def ranks_html(report: RunReport) -> str:
+    """One chip per rank on this machine (status and memory), after the run's status."""
     chips = []
-    for rank, status in sorted(state.statuses.items()):
+    for rank, status in sorted(report.statuses.items()):
         colour = STATUS_COLOURS.get(status, "#888")
-        figures = state.resources.get(rank, {})
-        memory = figures.get("peak_rss_bytes") or figures.get("rss_bytes")
+        figures = report.resources.get(rank, {})
+        # While a worker runs, its memory now; after, the most it used.
+        first, then = "rss_bytes", "peak_rss_bytes"
+        if status != "running":
+            first, then = then, first
+        memory = figures.get(first) or figures.get(then)
         extra = f" · {fmt.size(memory)}" if memory else ""
         if figures.get("peak_gpu_bytes"):
             extra += f" · GPU {fmt.size(figures['peak_gpu_bytes'])}"
@@ -78,18 +85,17 @@ def ranks_html(state: RunState) -> str:
             f"margin:2px 6px 2px 0;padding:1px 6px;border-radius:8px;color:white;"
             f"background:{colour}'>rank {rank}: {status}{escape(extra)}</span>"
         )
-    outcome = (
-        f"<b class='notebook-accel-outcome'>{escape(state.outcome)}</b> " if state.outcome else ""
-    )
+    outcome = f"<b class='notebook-accel-outcome'>{escape(report.status)}</b> "
     return f"<div>{outcome}{''.join(chips)}</div>"
 
 
-def metrics_html(state: RunState) -> str:
-    if not state.latest:
+def metrics_html(report: RunReport) -> str:
+    """The latest value of every metric, as a table."""
+    if not report.latest:
         return ""
     rows = "".join(
         f"<tr><td style='padding-right:8px'>{escape(name)}</td>"
         f"<td><code>{escape(fmt.number(value))}</code></td></tr>"
-        for name, value in state.latest.items()
+        for name, value in report.latest.items()
     )
     return f"<table class='notebook-accel-metrics'>{rows}</table>"

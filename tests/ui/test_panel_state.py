@@ -7,7 +7,7 @@ import time
 import pytest
 
 from notebook_accel import LaunchConfig, WorkerError
-from notebook_accel.launch.hardware import GpuInfo, Hardware
+from notebook_accel.platforms import GpuInfo, Hardware
 from notebook_accel.ui.panel import LaunchPanel, PanelChoices, hardware_summary
 from tests_support import live_children
 
@@ -203,8 +203,11 @@ def test_a_tpu_runtime_is_offered_with_every_core():
 
 
 def test_a_view_on_the_second_machine_lists_that_machines_ranks():
-    from notebook_accel.ui.state import RunState
+    from notebook_accel.launch.events import AttemptStarted
+    from notebook_accel.launch.report import RunReport
+    from notebook_accel.ui.widgets import ranks_html
 
-    view = RunState(main_rank=2)  # node 1 of 2, two workers each
-    view.on_start(2, attempt=0)
-    assert sorted(view.statuses) == [2, 3]
+    report = RunReport(main_rank=2)  # node 1 of 2, two workers each
+    report.apply(AttemptStarted(workers=2, attempt=0))
+    assert sorted(report.statuses) == [2, 3]
+    assert "rank 2: running" in ranks_html(report) and "rank 0" not in ranks_html(report)

@@ -1,0 +1,212 @@
+"""A run's report, and the one reducer that folds the run's events into it.
+
+Every event of a run (events.py) goes through `RunReport.apply` before any
+observer sees it, so the launcher's history (`last_run()`), the live view
+under a cell, the text view of a script and the panel all read the same
+report instead of keeping copies of their own. Each run has its own report.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from notebook_accel.launch.events import (
+    AttemptStarted,
+    MetricRecord,
+    OutputLine,
+    PeakResources,
+    Progress,
+    ResourceSample,
+    Restarting,
+    Result,
+    RunEnded,
+    RunEvent,
+    WorkerExited,
+)
+from notebook_accel.launch.observers import rank_prefix
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.preflight import LaunchPlan
+
+# The curve a view draws keeps at most this many points (every other one is
+# dropped when it is full); the log view keeps this many of the newest lines.
+MAX_CURVE_POINTS = 2000
+MAX_LOG_LINES = 500
+
+FINAL_STATUSES = ("finished", "failed", "stopped", "timed out")
+
+
+@dataclass
+class RunReport:
+    """What one launch did, and is doing while it runs; `last_run()` returns the latest.
+
+    `metrics` holds every `Accelerator.log` record in arrival order;
+    `resources` each rank's memory figures (`rss_bytes` from the live samples,
+    `peak_rss_bytes` the highest seen, and on GPUs `peak_gpu_bytes` at the
+    end); `progress` the main process's latest progress-bar position
+    (`step`, `total`, `elapsed`); `results` the values workers returned
+    (tensors on the CPU). For views it also keeps each rank's status, the
+    latest value of every metric, the chart's curves (thinned) and the newest
+    log lines.
+    """
+
+    status: str = "starting"  # starting, running, finished, failed, stopped, timed out
+    world_size: int = 0
+    backend: str = ""
+    mixed_precision: str = "no"
+    results: dict[int, Any] = field(default_factory=dict)
+    error: BaseException | None = None
+    restarts: int = 0
+    started_at: float = 0.0
+    duration: float = 0.0
+    metrics: list[MetricRecord] = field(default_factory=list)
+    resources: dict[int, dict[str, int]] = field(default_factory=dict)
+    progress: dict[str, Any] | None = None
+    # The first global rank on this machine: its output is not prefixed, its
+    # progress and curve are the ones shown.
+    main_rank: int = 0
+    workers: int = 0
+    statuses: dict[int, str] = field(default_factory=dict)
+    latest: dict[str, float | str] = field(default_factory=dict)
+    curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
+    logs: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES), repr=False)
+
+    @classmethod
+    def for_plan(cls, plan: LaunchPlan, started_at: float = 0.0) -> RunReport:
+        """An empty report for a checked launch plan."""
+        return cls(
+            world_size=plan.world_size,
+            backend=plan.settings.backend,
+            mixed_precision=plan.settings.mixed_precision,
+            started_at=started_at,
+            main_rank=plan.node_rank * plan.local_world_size,
+        )
+
+    # -- the reducer -----------------------------------------------------------
+
+    def apply(self, event: RunEvent) -> None:
+        """Fold one event of the run into this report.
+
+        A worker's error (`WorkerRaised`) steers the supervisor and changes
+        nothing here: the run's own error arrives with `RunEnded`.
+        """
+        fold = _FOLDS.get(type(event))
+        if fold is not None:
+            fold(self, event)
+
+    def _attempt_started(self, event: AttemptStarted) -> None:
+        # This machine's workers: global ranks main_rank .. main_rank + workers - 1.
+        self.workers = event.workers
+        self.statuses = {
+            rank: "running" for rank in range(self.main_rank, self.main_rank + event.workers)
+        }
+        self.results = {}  # a failed attempt's values are not the run's
+        if event.attempt:
+            self.logs.append(f"--- restart {event.attempt} ---\n")
+        self.status = "running"
+
+    def _output_line(self, event: OutputLine) -> None:
+        self.logs.append(rank_prefix(event.rank, self.main_rank) + event.line)
+
+    def _metric(self, record: MetricRecord) -> None:
+        self.metrics.append(record)
+        step = record.step if record.step is not None else len(self.metrics)
+        for name, value in record.values.items():
+            self.latest[name] = value
+            if isinstance(value, float) and record.rank == self.main_rank:
+                points = self.curves.setdefault(name, [])
+                points.append((float(step), value))
+                if len(points) > MAX_CURVE_POINTS:  # keep every other point, the newest too
+                    del points[-2::-2]
+
+    def _progress(self, event: Progress) -> None:
+        if event.rank == self.main_rank:
+            self.progress = {"step": event.step, "total": event.total, "elapsed": event.elapsed}
+
+    def _resource_sample(self, event: ResourceSample) -> None:
+        figures = self.resources.setdefault(event.rank, {})
+        figures["rss_bytes"] = event.rss_bytes
+        figures["peak_rss_bytes"] = max(figures.get("peak_rss_bytes", 0), event.rss_bytes)
+
+    def _peak_resources(self, event: PeakResources) -> None:
+        figures = self.resources.setdefault(event.rank, {})
+        figures["peak_rss_bytes"] = max(figures.get("peak_rss_bytes", 0), event.peak_rss_bytes)
+        if event.peak_gpu_bytes is not None:
+            figures["peak_gpu_bytes"] = max(figures.get("peak_gpu_bytes", 0), event.peak_gpu_bytes)
+
+    def _result(self, event: Result) -> None:
+        self.results[event.rank] = event.value
+
+    def _worker_exited(self, event: WorkerExited) -> None:
+        self.statuses[event.rank] = "finished" if event.exitcode == 0 else "failed"
+
+    def _restarting(self, event: Restarting) -> None:
+        self.restarts = max(self.restarts, event.attempt)
+        self.logs.append(f"restarting after: {str(event.error).splitlines()[0]}\n")
+
+    def _run_ended(self, event: RunEnded) -> None:
+        error = event.error
+        self.error = error
+        self.status = _final_status(error)
+        self.duration = max(0.0, event.time - self.started_at) if self.started_at else 0.0
+        for rank, status in self.statuses.items():
+            if status == "running":
+                self.statuses[rank] = "stopped" if error is not None else "finished"
+
+    # -- reading ---------------------------------------------------------------
+
+    @property
+    def has_live_data(self) -> bool:
+        """Whether the run has reported progress or metrics so far."""
+        return self.progress is not None or bool(self.metrics)
+
+    def curve_name(self) -> str | None:
+        """The metric a chart shows: the first with 'loss' in its name, else the first."""
+        for name in self.curves:
+            if "loss" in name.lower():
+                return name
+        return next(iter(self.curves), None)
+
+    def history(self, name: str, rank: int | None = None) -> list[tuple[int | None, Any]]:
+        """(step, value) pairs of one metric, in the order they were logged."""
+        return [
+            (r.step, r.values[name])
+            for r in self.metrics
+            if name in r.values and (rank is None or r.rank == rank)
+        ]
+
+    def to_dataframe(self) -> Any:
+        """The metric history as a pandas DataFrame: step, rank, time, one column per metric."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("to_dataframe() needs pandas: pip install pandas") from None
+        rows = [{"step": r.step, "rank": r.rank, "time": r.time, **r.values} for r in self.metrics]
+        return pandas.DataFrame(rows)
+
+
+def _final_status(error: BaseException | None) -> str:
+    if error is None:
+        return "finished"
+    if isinstance(error, KeyboardInterrupt):
+        return "stopped"
+    if isinstance(error, TimeoutError):
+        return "timed out"
+    return "failed"
+
+
+_FOLDS: dict[type, Callable[[RunReport, Any], None]] = {
+    AttemptStarted: RunReport._attempt_started,
+    OutputLine: RunReport._output_line,
+    MetricRecord: RunReport._metric,
+    Progress: RunReport._progress,
+    ResourceSample: RunReport._resource_sample,
+    PeakResources: RunReport._peak_resources,
+    Result: RunReport._result,
+    WorkerExited: RunReport._worker_exited,
+    Restarting: RunReport._restarting,
+    RunEnded: RunReport._run_ended,
+}

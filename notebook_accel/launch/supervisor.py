@@ -1,0 +1,429 @@
+"""The launching process's side of a group of forked workers: start, watch, stop.
+
+The launching process waits on one selector for everything a worker can do:
+write output, send an event down its channel, or exit (its sentinel).
+Nothing blocks without a deadline, and `stop()` always leaves no worker
+behind: SIGTERM, a short grace period, then SIGKILL, as
+torch.distributed.elastic does. What runs inside each worker is
+launch/worker.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import multiprocessing.connection
+import os
+import selectors
+import signal
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+
+from notebook_accel.launch.channel import ChannelReader
+from notebook_accel.launch.errors import WorkerError, WorkerFailure
+from notebook_accel.launch.events import (
+    OutputLine,
+    ResourceSample,
+    RunEvent,
+    Unreadable,
+    WorkerExited,
+    WorkerRaised,
+)
+
+# Imported here, in the launching process, so that forked workers inherit
+# the child's runtime and what it imports instead of each importing them
+# again (milliseconds per worker).
+from notebook_accel.launch.worker import WorkerSpec, worker_main
+
+# After the first failure, how long to keep listening so that the failure that
+# caused the others (often a peer's "connection closed") can be told apart.
+SETTLE_SECONDS = 0.25
+# SIGTERM, then this long, then SIGKILL.
+TERMINATE_GRACE_SECONDS = 0.8
+# After SIGKILL, how long to wait for the kernel to reap a worker.
+KILL_REAP_SECONDS = 10.0
+# How often the supervisor samples each worker's memory for live views.
+RESOURCE_SAMPLE_SECONDS = 1.0
+
+Emit = Callable[[RunEvent], None]
+
+
+class StopSignal:
+    """Lets another thread (a Stop button) end a run: `set()` wakes the launcher."""
+
+    def __init__(self) -> None:
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        self._set = False
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def set(self) -> None:
+        """Ask the run to stop (once; later calls do nothing)."""
+        with self._lock:
+            if not self._set and not self._closed:
+                self._set = True
+                os.write(self._write, b"x")
+
+    def is_set(self) -> bool:
+        """Whether `set()` was called."""
+        return self._set
+
+    def fileno(self) -> int:
+        """The file descriptor a selector waits on: readable once `set()` was called."""
+        return self._read
+
+    def close(self) -> None:
+        """Release the pipe (once)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                os.close(self._read)
+                os.close(self._write)
+
+
+class LineBuffer:
+    """Joins chunks of a stream into whole lines."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        """Take the next bytes; return the lines they complete (newline included)."""
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return [line.decode(errors="replace") + "\n" for line in lines]
+
+    def flush(self) -> list[str]:
+        """The partial last line, if any, with a newline added."""
+        rest, self._pending = self._pending, b""
+        return [rest.decode(errors="replace") + "\n"] if rest else []
+
+
+@dataclass
+class _Worker:
+    rank: int
+    local_rank: int
+    process: multiprocessing.process.BaseProcess
+    error: WorkerRaised | None = None
+    exitcode: int | None = None
+    noticed_at: float = 0.0
+
+
+@dataclass
+class _Pipe:
+    """The read end of one of a worker's pipes: "stdout", "stderr" or "channel"."""
+
+    worker: _Worker
+    stream: str
+    lines: LineBuffer = field(default_factory=LineBuffer)
+    reader: ChannelReader | None = None
+
+
+class WorkerGroup:
+    """The workers of one launch attempt on this node.
+
+    Every event (a worker's output lines, what it sends down its channel,
+    memory samples, exits) goes to `emit`, in the launching thread.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        emit: Emit,
+        stop: StopSignal | None = None,
+        close_in_workers: list[int] = (),
+    ):
+        self.spec = spec
+        self.emit = emit
+        self.stop_signal = stop
+        self.close_in_workers = list(close_in_workers)
+        self.workers: list[_Worker] = []
+        self._selector = selectors.DefaultSelector()
+        self._next_sample = 0.0
+        if stop is not None:
+            self._selector.register(stop.fileno(), selectors.EVENT_READ)
+        self._pipes: dict[int, _Pipe] = {}
+        self._sentinels: dict[int, _Worker] = {}
+        self._stopped = False
+
+    # -- starting --------------------------------------------------------------
+
+    def start(self) -> None:
+        """Fork one worker per local rank."""
+        context = multiprocessing.get_context("fork")
+        # An interrupt between a fork and the bookkeeping would leave a worker
+        # that stop() does not know about: it waits until every worker is known.
+        with _interrupts_deferred():
+            for local_rank in range(self.spec.local_world_size):
+                self._start_one(context, local_rank)
+
+    def _start_one(self, context: Any, local_rank: int) -> None:
+        out_r, out_w = os.pipe()
+        err_r, err_w = os.pipe()
+        chan_r, chan_w = os.pipe()
+        # The child must not hold the read ends of any pipe, or the pipes of the
+        # workers started before it.
+        inherited = [out_r, err_r, chan_r, *self._pipes, *self.close_in_workers]
+        process = context.Process(
+            target=worker_main,
+            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
+            name=f"notebook_accel-worker-{local_rank}",
+            daemon=False,
+        )
+        try:
+            process.start()
+        except BaseException:
+            for fd in (out_r, err_r, chan_r):
+                os.close(fd)
+            raise
+        finally:
+            for fd in (out_w, err_w, chan_w):
+                os.close(fd)
+        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process)
+        self.workers.append(worker)
+        self._watch(out_r, _Pipe(worker, "stdout"))
+        self._watch(err_r, _Pipe(worker, "stderr"))
+        self._watch(chan_r, _Pipe(worker, "channel", reader=ChannelReader(worker.rank)))
+        self._sentinels[process.sentinel] = worker
+        self._selector.register(process.sentinel, selectors.EVENT_READ)
+
+    def _watch(self, fd: int, pipe: _Pipe) -> None:
+        os.set_blocking(fd, False)
+        self._pipes[fd] = pipe
+        self._selector.register(fd, selectors.EVENT_READ)
+
+    # -- watching --------------------------------------------------------------
+
+    def wait(self, deadline: float | None) -> None:
+        """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
+
+        After the first failure it listens SETTLE_SECONDS longer, so that the
+        failure that caused the others is reported first.
+        """
+        settle_until: float | None = None
+        while not self._done(settle_until):
+            if settle_until is None and deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError
+            if self.stop_signal is not None and self.stop_signal.is_set():
+                raise KeyboardInterrupt("the run was stopped")
+            self._poll(until=settle_until if settle_until is not None else deadline)
+            if settle_until is None and self._failed_workers():
+                settle_until = time.monotonic() + SETTLE_SECONDS
+        failures = self._failed_workers()
+        if failures:
+            raise WorkerError(self._failures_cause_first(failures))
+
+    def _done(self, settle_until: float | None) -> bool:
+        if settle_until is not None:
+            return time.monotonic() >= settle_until
+        return all(worker.exitcode is not None for worker in self.workers)
+
+    def _poll(self, until: float | None) -> None:
+        """Handle what happens until `until` or the next memory sample, whichever is first."""
+        wake_at = self._next_sample if until is None else min(until, self._next_sample)
+        for key, _ in self._selector.select(max(0.0, wake_at - time.monotonic())):
+            self._handle(key.fd)
+        if time.monotonic() >= self._next_sample:
+            self._sample_resources()
+
+    def _sample_resources(self) -> None:
+        self._next_sample = time.monotonic() + RESOURCE_SAMPLE_SECONDS
+        for worker in self.workers:
+            if worker.exitcode is not None:
+                continue
+            try:
+                rss = psutil.Process(worker.process.pid).memory_info().rss
+            except psutil.Error:
+                continue
+            self.emit(ResourceSample(worker.rank, rss))
+
+    def _handle(self, fd: int) -> None:
+        # An fd may have been closed earlier in the same batch of events.
+        if fd in self._sentinels:
+            self._selector.unregister(fd)
+            self._on_exit(self._sentinels.pop(fd))
+        elif fd in self._pipes:
+            self._drain(fd)
+
+    def _drain(self, fd: int, last: bool = False) -> None:
+        """Read what the pipe holds now; at its end, or when `last`, close it.
+
+        The one reader of every pipe: while the run goes, when a worker has
+        exited (what it wrote before is already in the pipe), and at teardown.
+        """
+        pipe = self._pipes[fd]
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except BlockingIOError:  # nothing more for now
+                if last:
+                    self._close(fd)
+                return
+            if not data:  # every writer is gone
+                self._close(fd)
+                return
+            self._take(pipe, data)
+
+    def _take(self, pipe: _Pipe, data: bytes) -> None:
+        if pipe.reader is not None:
+            for event in pipe.reader.feed(data):
+                self._on_event(pipe.worker, event)
+        else:
+            self._emit_lines(pipe, pipe.lines.feed(data))
+
+    def _close(self, fd: int) -> None:
+        pipe = self._pipes.pop(fd)
+        self._selector.unregister(fd)
+        os.close(fd)
+        self._emit_lines(pipe, pipe.lines.flush())  # a last line without a newline
+
+    def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
+        for line in lines:
+            self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
+
+    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+        if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
+            event = WorkerRaised(
+                worker.rank,
+                exception="UnpicklingError: the launching process could not read what the "
+                f"worker sent back ({event.reason}); return plain data (tensors, numbers, "
+                "strings)",
+                traceback="",
+                time=time.time(),
+            )
+        if isinstance(event, WorkerRaised):
+            worker.error = event
+        self.emit(event)
+
+    def _on_exit(self, worker: _Worker) -> None:
+        worker.process.join(timeout=1.0)
+        worker.exitcode = worker.process.exitcode
+        worker.noticed_at = time.time()
+        # What the worker wrote before exiting is already in the pipes.
+        for fd in self._fds_of(worker):
+            self._drain(fd)
+        self.emit(WorkerExited(worker.rank, worker.exitcode))
+
+    def _fds_of(self, worker: _Worker) -> list[int]:
+        return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
+
+    def _failed_workers(self) -> list[_Worker]:
+        return [w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0]
+
+    @staticmethod
+    def _failures_cause_first(workers: list[_Worker]) -> list[WorkerFailure]:
+        # A worker that died without raising (a signal, os._exit) cannot be a
+        # casualty of a peer's Python exception; among the ones that raised, the
+        # earliest raised first and the rest saw its connection close.
+        def order(worker: _Worker) -> tuple[int, float]:
+            if worker.error is None:
+                return (0, worker.noticed_at)
+            return (1, worker.error.time)
+
+        return [
+            WorkerFailure(
+                rank=worker.rank,
+                exitcode=worker.exitcode,
+                traceback=worker.error.traceback if worker.error else "",
+                exception=worker.error.exception if worker.error else "",
+            )
+            for worker in sorted(workers, key=order)
+        ]
+
+    # -- stopping --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Terminate every worker still running and release every resource (once)."""
+        if self._stopped:
+            return
+        self._stopped = True
+        with _interrupts_deferred():
+            self._terminate()
+
+    def _terminate(self) -> None:
+        alive = [w for w in self.workers if w.process.exitcode is None]
+        # Listed before the workers go: their children are re-parented after.
+        descendants = _descendants([w.process.pid for w in alive])
+        _end_processes(alive)
+        for process in descendants:
+            with contextlib.suppress(psutil.Error):
+                process.kill()
+        self._collect_remains()
+        self._selector.close()
+
+    def _collect_remains(self) -> None:
+        """Every worker's exit code and last output; then close the processes and pipes."""
+        for worker in self.workers:
+            if worker.exitcode is None:
+                worker.exitcode = worker.process.exitcode
+            for fd in self._fds_of(worker):
+                self._drain(fd, last=True)
+            if worker.process.exitcode is not None:
+                worker.process.close()
+        for fd in list(self._pipes):  # none should be left; close them all the same
+            self._close(fd)
+
+
+def _end_processes(workers: list[_Worker]) -> None:
+    """SIGTERM, a grace period, SIGKILL, and a bounded wait for the kernel to reap them."""
+    for worker in workers:
+        _signal(worker.process.pid, signal.SIGTERM)
+    _wait_for_exit(workers, TERMINATE_GRACE_SECONDS)
+    for worker in workers:
+        if worker.process.exitcode is None:
+            _signal(worker.process.pid, signal.SIGKILL)
+    # SIGKILL always ends a process, but one freeing a GPU context can take a
+    # while; wait for it (bounded) so that no child is left unreaped.
+    _wait_for_exit(workers, KILL_REAP_SECONDS)
+
+
+@contextlib.contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Hold a notebook's interrupt (SIGINT) until the block ends, then raise it.
+
+    Blocking the signal with a mask is not enough: it goes to any thread that
+    does not block it (a kernel has several), and Python then raises
+    KeyboardInterrupt in the main thread anyway. So the handler itself is
+    swapped for the block and put back after, exactly as it was. Signals only
+    reach the main thread's handlers, so other threads need nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+def _signal(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
+
+
+def _wait_for_exit(workers: list[_Worker], seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    for worker in workers:
+        remaining = max(0.0, deadline - time.monotonic())
+        worker.process.join(timeout=remaining)
+
+
+def _descendants(pids: list[int]) -> list[psutil.Process]:
+    found = []
+    for pid in pids:
+        try:
+            found += psutil.Process(pid).children(recursive=True)
+        except psutil.Error:
+            pass
+    return found

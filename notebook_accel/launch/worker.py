@@ -1,0 +1,328 @@
+"""The child's runtime: the first and last code a forked worker runs.
+
+`worker_main` points the worker's output at the supervisor's pipes, arranges
+to die with the launching process, sends its metrics and progress down its
+channel, calls the training function, sends back the result or the error,
+and exits. The launching process's side is launch/supervisor.py.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import functools
+import inspect
+import io
+import logging
+import os
+import resource
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import CodeType, TracebackType
+from typing import Any, NoReturn
+
+# Imported here, in the launching process, so that forked workers inherit
+# them instead of each importing them again (milliseconds per worker): the
+# training function logs through metrics and draws progress through progress.
+from notebook_accel import metrics, progress  # noqa: F401
+from notebook_accel.config import ENV_BACKEND
+from notebook_accel.launch.channel import ChannelWriter
+from notebook_accel.launch.destination import Destination, sending_to
+from notebook_accel.launch.events import PeakResources, Progress, Result, WorkerRaised
+from notebook_accel.nested import to_cpu
+from notebook_accel.platforms import PLATFORMS
+
+_PR_SET_PDEATHSIG = 1
+# Progress updates a worker sends at most per second (the last step always goes).
+PROGRESS_UPDATES_PER_SECOND = 10
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker needs, fixed before the first fork."""
+
+    function: Callable[..., Any]
+    args: tuple
+    kwargs: dict
+    node_rank: int
+    local_world_size: int
+    environment: dict[str, str]
+    threads_per_process: int
+    return_all: bool
+    # Calls the function in the worker: (function, args, kwargs, local_rank,
+    # local_world_size) -> value. The XLA backend runs it as a PJRT process.
+    run: Callable[..., Any]
+    worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
+
+    def global_rank(self, local_rank: int) -> int:
+        return self.node_rank * self.local_world_size + local_rank
+
+
+def worker_main(
+    spec: WorkerSpec,
+    local_rank: int,
+    stdout_fd: int,
+    stderr_fd: int,
+    channel_fd: int,
+    inherited_fds: list[int],
+    parent_pid: int,
+) -> NoReturn:
+    """The first code a forked worker runs. Never returns: it exits the process."""
+    # The launcher owns interrupts: a notebook's stop button signals the whole
+    # process group, and the launcher then stops the workers itself.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent(parent_pid)
+    for fd in inherited_fds:
+        os.close(fd)
+    _redirect_output(stdout_fd, stderr_fd)
+    _set_environment(spec, local_rank)
+
+    import torch
+
+    # The kernel may have started OpenMP's thread pool before the fork; in the
+    # child that pool is gone but libgomp still thinks it exists, and the first
+    # parallel op with more than one thread waits on it forever.
+    torch.set_num_threads(spec.threads_per_process)
+
+    channel = ChannelWriter(channel_fd)
+    exitcode = 1
+    try:
+        with sending_to(_channel_destination(channel, spec.global_rank(local_rank))):
+            exitcode = _run(spec, local_rank, channel)
+    finally:
+        try:
+            channel.flush()  # metrics still waiting for their batch
+        except OSError:
+            pass
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001
+                pass
+        os._exit(exitcode)
+
+
+def _set_environment(spec: WorkerSpec, local_rank: int) -> None:
+    os.environ.update(spec.environment)
+    os.environ.update(
+        {
+            "RANK": str(spec.global_rank(local_rank)),
+            "LOCAL_RANK": str(local_rank),
+            "GROUP_RANK": str(spec.node_rank),
+            "NODE_RANK": str(spec.node_rank),
+        }
+    )
+    os.environ.update(spec.worker_environment(local_rank))
+
+
+def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
+    """Call the function and send back what came of it; return the exit status."""
+    rank = spec.global_rank(local_rank)
+    try:
+        value = _call_user_function(spec, local_rank)
+        _send_peak_resources(channel, rank)
+        if rank == spec.global_rank(0) or spec.return_all:
+            _send_result(channel, rank, value)
+        _barrier_before_exit()
+    except SystemExit as stop:
+        exitcode = _exit_status(stop.code)
+        if exitcode:
+            _send_error(channel, rank, stop, spec.function)
+        return exitcode
+    except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
+        _send_peak_resources(channel, rank)
+        _send_error(channel, rank, error, spec.function)
+        return 1
+    return 0
+
+
+def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:
+    # A worker's traceback is cut below this frame (see _user_traceback).
+    return spec.run(spec.function, spec.args, spec.kwargs, local_rank, spec.local_world_size)
+
+
+def _channel_destination(channel: ChannelWriter, rank: int) -> Destination:
+    """Metrics and progress of this worker go to the launcher; progress at most 10 updates/s."""
+    last_sent = [0.0]
+
+    def send_progress(step: int, total: int | None, elapsed: float) -> None:
+        now = time.monotonic()
+        final = total is not None and step >= total
+        if final or step == 0 or now - last_sent[0] >= 1 / PROGRESS_UPDATES_PER_SECOND:
+            last_sent[0] = now
+            channel.send(Progress(rank, step, total, elapsed))
+
+    return Destination(
+        metric=functools.partial(channel.send, batch=True),
+        progress=send_progress,
+    )
+
+
+def _send_peak_resources(channel: ChannelWriter, rank: int) -> None:
+    platform = PLATFORMS.get(os.environ.get(ENV_BACKEND, ""), PLATFORMS["cpu"])
+    peak_gpu = platform.peak_device_bytes()
+    peaks = PeakResources(
+        rank,
+        peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        peak_gpu_bytes=peak_gpu,
+    )
+    try:
+        channel.send(peaks)
+    except OSError:  # the launcher is already gone; nothing to report to
+        pass
+
+
+def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:
+    try:
+        channel.send(Result(rank, to_cpu(value)))
+    except Exception as error:  # noqa: BLE001
+        raise TypeError(
+            f"the training function returned a {type(value).__name__} that cannot be sent "
+            f"back to the notebook ({error}); return tensors, numbers, strings, or "
+            "containers of them"
+        ) from error
+
+
+def _send_error(
+    channel: ChannelWriter, rank: int, error: BaseException, function: Callable[..., Any]
+) -> None:
+    channel.send(
+        WorkerRaised(
+            rank,
+            exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+            traceback=_user_traceback(error, function),
+            time=time.time(),
+        )
+    )
+
+
+def _user_traceback(error: BaseException, function: Callable[..., Any]) -> str:
+    """The traceback from the user's function down, without the launcher's frames.
+
+    It starts at the first frame of `function` itself; where that is not on
+    the way (the backend failed before calling it, or the function is a
+    callable whose code cannot be told), right below `_call_user_function`;
+    failing both (an error in sending the result), at the last frame.
+    """
+    tb = error.__traceback__
+    start = (
+        _first_frame_running(tb, _code_of(function))
+        or _frame_after(tb, _call_user_function.__code__)
+        or _last_frame(tb)
+    )
+    return "".join(traceback.format_exception(type(error), error, start))
+
+
+def _code_of(function: Callable[..., Any]) -> CodeType | None:
+    while isinstance(function, functools.partial):
+        function = function.func
+    code = getattr(function, "__code__", None)  # functions, and bound methods through __func__
+    if code is None:  # an object with a __call__ method
+        code = getattr(inspect.getattr_static(type(function), "__call__", None), "__code__", None)
+    return code if isinstance(code, CodeType) else None
+
+
+def _first_frame_running(tb: TracebackType | None, code: CodeType | None) -> TracebackType | None:
+    while tb is not None and code is not None:
+        if tb.tb_frame.f_code is code:
+            return tb
+        tb = tb.tb_next
+    return None
+
+
+def _frame_after(tb: TracebackType | None, code: CodeType) -> TracebackType | None:
+    found = _first_frame_running(tb, code)
+    return found.tb_next if found is not None else None
+
+
+def _last_frame(tb: TracebackType | None) -> TracebackType | None:
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb
+
+
+def _exit_status(code: Any) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _barrier_before_exit() -> None:
+    """Let every rank finish its last collective before any of them exits.
+
+    Exiting tears down the sockets; a peer still reading the last message of a
+    collective would see "connection reset" instead of its data.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have Linux kill this worker if the launching process dies (kernel restart)."""
+    if _LIBC is None:
+        return
+    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        os._exit(1)
+
+
+def _load_libc() -> ctypes.CDLL | None:
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc if hasattr(libc, "prctl") else None
+    except OSError:  # not Linux
+        return None
+
+
+_LIBC = _load_libc()
+
+
+def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
+    """Point fd 1 and 2 at the launcher's pipes and rebuild sys.stdout/stderr.
+
+    In a notebook, sys.stdout is the kernel's own stream object, which a forked
+    child must not use; logging handlers made earlier may still point at it.
+    """
+    old_streams = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
+    os.dup2(stdout_fd, 1)
+    os.dup2(stderr_fd, 2)
+    os.close(stdout_fd)
+    os.close(stderr_fd)
+    sys.stdout = _text_stream(1)
+    sys.stderr = _text_stream(2)
+    faulthandler.enable(file=sys.stderr)
+    for handler in _all_stream_handlers():
+        which = old_streams.get(id(handler.stream))
+        if which is not None:
+            # Assign rather than setStream(): that would flush the kernel's stream.
+            handler.stream = getattr(sys, which)
+
+
+def _text_stream(fd: int) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    return io.TextIOWrapper(
+        raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
+    )
+
+
+def _all_stream_handlers() -> list[logging.StreamHandler]:
+    loggers = [logging.getLogger()] + [
+        logger
+        for logger in logging.Logger.manager.loggerDict.values()
+        if isinstance(logger, logging.Logger)
+    ]
+    return [
+        handler
+        for logger in loggers
+        for handler in logger.handlers
+        if isinstance(handler, logging.StreamHandler)
+    ]

@@ -1,0 +1,120 @@
+"""The channel's framing alone: events written by a worker come back whole and in order."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from notebook_accel.launch.channel import ChannelReader, ChannelWriter
+from notebook_accel.launch.events import (
+    MetricRecord,
+    PeakResources,
+    Progress,
+    Result,
+    Unreadable,
+    WorkerRaised,
+)
+
+
+def _fail_on_load():
+    raise RuntimeError("no such class here")
+
+
+class OnlyInTheWorker:
+    """Pickles fine; unpickling fails, as a class only the worker has would."""
+
+    def __reduce__(self):
+        return (_fail_on_load, ())
+
+
+def written(send) -> bytes:
+    """The bytes `send(writer)` puts on a pipe."""
+    read_end, write_end = os.pipe()
+    try:
+        writer = ChannelWriter(write_end)
+        send(writer)
+        writer.flush()
+        os.close(write_end)
+        write_end = None
+        chunks = []
+        while chunk := os.read(read_end, 1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(read_end)
+        if write_end is not None:
+            os.close(write_end)
+
+
+def metric(step: int) -> MetricRecord:
+    return MetricRecord(step=step, rank=0, values={"loss": 1.0 / (step + 1)}, time=100.0 + step)
+
+
+EVENTS = [
+    metric(0),
+    Progress(rank=0, step=1, total=10, elapsed=0.5),
+    PeakResources(rank=1, peak_rss_bytes=1 << 20, peak_gpu_bytes=None),
+    Result(rank=0, value={"weights": [1.0, 2.0]}),
+    WorkerRaised(rank=1, exception="ValueError: x", traceback="Traceback ...", time=3.0),
+]
+
+
+def send_all(writer: ChannelWriter) -> None:
+    for event in EVENTS:
+        writer.send(event)
+
+
+def test_several_events_in_one_chunk():
+    data = written(send_all)
+    assert ChannelReader(rank=0).feed(data) == EVENTS
+
+
+def test_an_event_split_across_chunks_byte_by_byte():
+    data = written(send_all)
+    reader = ChannelReader(rank=0)
+    received = []
+    completed_at = []
+    for index in range(len(data)):
+        events = reader.feed(data[index : index + 1])
+        if events:
+            completed_at.append(index)
+        received += events
+    assert received == EVENTS
+    # Each event comes out with its last byte, not before: five separate frames.
+    assert len(completed_at) == len(EVENTS) and completed_at[-1] == len(data) - 1
+
+
+def test_batched_events_keep_their_order_and_go_before_an_unbatched_one():
+    def send(writer: ChannelWriter) -> None:
+        for step in range(5):
+            writer.send(metric(step), batch=True)
+        writer.send(Progress(rank=0, step=5, total=5, elapsed=1.0))
+        writer.send(metric(5), batch=True)
+
+    events = ChannelReader(rank=0).feed(written(send))
+    assert events == [*[metric(step) for step in range(5)], Progress(0, 5, 5, 1.0), metric(5)]
+
+
+def test_an_unreadable_frame_becomes_one_event_and_the_stream_continues():
+    def send(writer: ChannelWriter) -> None:
+        writer.send(metric(0))
+        writer.send(Result(rank=3, value=OnlyInTheWorker()))
+        writer.send(metric(1))
+
+    events = ChannelReader(rank=3).feed(written(send))
+    assert len(events) == 3
+    assert events[0] == metric(0) and events[2] == metric(1)
+    assert isinstance(events[1], Unreadable) and events[1].rank == 3
+    assert "no such class here" in events[1].reason
+
+
+def test_an_event_that_cannot_be_pickled_raises_and_writes_nothing():
+    def send(writer: ChannelWriter) -> None:
+        writer.send(metric(0), batch=True)
+        with pytest.raises(Exception, match="pickle"):
+            writer.send(Result(rank=0, value=lambda: None))
+        writer.send(metric(1))
+
+    # The pending batch was neither lost nor split by the failed send.
+    assert ChannelReader(rank=0).feed(written(send)) == [metric(0), metric(1)]
