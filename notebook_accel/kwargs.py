@@ -176,6 +176,16 @@ class FullyShardedDataParallelPlugin:
                 f"fsdp_version={self.fsdp_version!r}: only FSDP2 (torch's fully_shard) is "
                 "supported; use fsdp_version=2."
             )
+        self._check_wrapping()
+        for name in ("reshard_after_forward", "cpu_offload"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false.")
+        self.state_dict_type = _state_dict_type(self.state_dict_type)
+        if isinstance(self.mixed_precision_policy, dict):
+            _check_policy_dict(self.mixed_precision_policy)
+
+    def _check_wrapping(self) -> None:
+        """Check the wrap fields and fill in the policy they imply."""
         if isinstance(self.transformer_cls_names_to_wrap, str):
             self.transformer_cls_names_to_wrap = [
                 name.strip() for name in self.transformer_cls_names_to_wrap.split(",")
@@ -204,30 +214,6 @@ class FullyShardedDataParallelPlugin:
             )
         if policy == "size_based_wrap" and not size:
             raise ValueError("auto_wrap_policy='size_based_wrap' needs min_num_params.")
-        for name in ("reshard_after_forward", "cpu_offload"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(f"{name}={getattr(self, name)!r} must be true or false.")
-        kind = str(self.state_dict_type).upper()
-        if kind in ("SHARDED", "FULL"):
-            kind += "_STATE_DICT"
-        if kind not in STATE_DICT_TYPES:
-            raise ValueError(
-                f"state_dict_type={self.state_dict_type!r} must be one of "
-                f"{', '.join(STATE_DICT_TYPES)}."
-            )
-        self.state_dict_type = kind
-        if isinstance(self.mixed_precision_policy, dict):
-            for key, value in self.mixed_precision_policy.items():
-                if key not in _POLICY_KEYS:
-                    raise ValueError(
-                        f"mixed_precision_policy has an unknown key {key!r}; "
-                        f"it takes {', '.join(_POLICY_KEYS)}."
-                    )
-                if isinstance(value, str) and value.lower() not in DTYPE_NAMES:
-                    raise ValueError(
-                        f"mixed_precision_policy {key}={value!r} must be one of "
-                        f"{', '.join(DTYPE_NAMES)}."
-                    )
 
     def to_dict(self) -> dict[str, Any]:
         """The fields as plain values (for YAML and the launch environment).
@@ -259,6 +245,28 @@ class FullyShardedDataParallelPlugin:
                 f"unknown FSDP option {unknown[0]!r}; the options are {', '.join(sorted(known))}."
             )
         return cls(**values)
+
+
+def _state_dict_type(value: Any) -> str:
+    kind = str(value).upper()
+    if kind in ("SHARDED", "FULL"):
+        kind += "_STATE_DICT"
+    if kind not in STATE_DICT_TYPES:
+        raise ValueError(f"state_dict_type={value!r} must be one of {', '.join(STATE_DICT_TYPES)}.")
+    return kind
+
+
+def _check_policy_dict(policy: dict) -> None:
+    for key, value in policy.items():
+        if key not in _POLICY_KEYS:
+            raise ValueError(
+                f"mixed_precision_policy has an unknown key {key!r}; "
+                f"it takes {', '.join(_POLICY_KEYS)}."
+            )
+        if isinstance(value, str) and value.lower() not in DTYPE_NAMES:
+            raise ValueError(
+                f"mixed_precision_policy {key}={value!r} must be one of {', '.join(DTYPE_NAMES)}."
+            )
 
 
 @dataclass
