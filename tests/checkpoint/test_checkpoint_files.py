@@ -250,7 +250,12 @@ def save_prepared_model(folder):
 
 def test_two_workers_save_the_unwrapped_model_once(tmp_path):
     wrappers = notebook_launcher(
-        save_prepared_model, args=(tmp_path,), num_processes=2, return_all=True, live=False
+        save_prepared_model,
+        args=(tmp_path,),
+        num_processes=2,
+        return_all=True,
+        live=False,
+        backend="cpu",
     )
     assert wrappers == ["DistributedDataParallel"] * 2
     index = json.loads((tmp_path / "model.safetensors.index.json").read_text())

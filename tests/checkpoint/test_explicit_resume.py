@@ -98,7 +98,7 @@ def _max_difference(library, tmp_path):
 
     def launch(*args, **kwargs):
         return notebook_launcher(
-            train_explicitly, args=args, kwargs=kwargs, num_processes=2, live=False
+            train_explicitly, args=args, kwargs=kwargs, num_processes=2, live=False, backend="cpu"
         )
 
     uninterrupted = launch(library, str(tmp_path / "a"))

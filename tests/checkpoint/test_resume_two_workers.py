@@ -146,7 +146,7 @@ def train(
 
 def _launch(*args, **kwargs):
     return notebook_launcher(
-        train, args=args, kwargs=kwargs, num_processes=2, return_all=True, live=False
+        train, args=args, kwargs=kwargs, num_processes=2, return_all=True, live=False, backend="cpu"
     )
 
 
@@ -222,6 +222,7 @@ def test_a_worker_that_dies_once_is_restarted_and_the_run_ends_as_if_it_never_di
         max_restarts=1,
         return_all=True,
         live=False,
+        backend="cpu",
     )
     assert marker.exists() and last_run().restarts == 1
     _assert_same_weights(results[0]["weights"], uninterrupted("no")["weights"])
@@ -242,6 +243,7 @@ def test_when_restarts_run_out_the_last_worker_error_is_raised(tmp_path):
             num_processes=2,
             max_restarts=1,
             live=False,
+            backend="cpu",
         )
     assert failure.value.rank == 1 and failure.value.exitcode == -signal.SIGKILL
     assert last_run().restarts == 1
@@ -282,7 +284,12 @@ def test_a_model_of_another_shape_is_refused_on_every_rank_and_nothing_changes(
     saved_checkpoint,
 ):
     results = notebook_launcher(
-        load_into, args=(saved_checkpoint, 32), num_processes=2, return_all=True, live=False
+        load_into,
+        args=(saved_checkpoint, 32),
+        num_processes=2,
+        return_all=True,
+        live=False,
+        backend="cpu",
     )
     for result in results:
         assert "model.safetensors does not fit model 0" in result["error"]
@@ -296,7 +303,7 @@ def test_a_truncated_file_of_one_rank_is_refused_on_every_rank(saved_checkpoint,
     victim = broken / "random_states_1.pkl"
     victim.write_bytes(victim.read_bytes()[:100])
     results = notebook_launcher(
-        load_into, args=(broken, 16), num_processes=2, return_all=True, live=False
+        load_into, args=(broken, 16), num_processes=2, return_all=True, live=False, backend="cpu"
     )
     for result in results:
         assert "random_states_1.pkl is corrupted: 100 bytes" in result["error"]

@@ -111,7 +111,7 @@ def _everything_worker():
 
 
 def test_every_public_method_in_two_workers(capfd):
-    r0, r1 = notebook_launcher(_everything_worker, num_processes=2, return_all=True)
+    r0, r1 = notebook_launcher(_everything_worker, num_processes=2, return_all=True, backend="cpu")
     assert (r0["index"], r1["index"]) == ((0, 0, 2), (1, 1, 2))
     assert r0["main"] == (True, True, False) and r1["main"] == (False, False, True)
     assert r0["device"] == "cpu"

@@ -20,7 +20,7 @@ def rank1_never_joins():
 def test_a_rank_that_never_joins_is_reported_after_the_rendezvous_timeout():
     started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
-        notebook_launcher(rank1_never_joins, num_processes=2, live=False)
+        notebook_launcher(rank1_never_joins, num_processes=2, live=False, backend="cpu")
     assert time.monotonic() - started < 30
     error = caught.value
     assert error.rank == 0

@@ -81,6 +81,7 @@ def test_two_workers_match_one_process(worker_batch, split, accumulation, refere
         num_processes=2,
         gradient_accumulation_steps=accumulation,
         return_all=True,
+        backend="cpu",
     )
     expected = _reference(reference_batch)
     # A different batch would give different weights: the comparison can fail.
@@ -104,7 +105,7 @@ def _bf16_worker():
 
 def test_a_bf16_launch_reaches_the_accelerator_and_its_forward():
     results = notebook_launcher(
-        _bf16_worker, num_processes=2, mixed_precision="bf16", return_all=True
+        _bf16_worker, num_processes=2, mixed_precision="bf16", return_all=True, backend="cpu"
     )
     assert results == [("bf16", "torch.bfloat16", "torch.float32")] * 2
 
@@ -134,7 +135,9 @@ def _overflow_worker():
 
 
 def test_fp16_overflow_on_one_rank_skips_the_step_everywhere():
-    for history in notebook_launcher(_overflow_worker, num_processes=2, return_all=True):
+    for history in notebook_launcher(
+        _overflow_worker, num_processes=2, return_all=True, backend="cpu"
+    ):
         # Not split: the scheduler advances num_processes (2) times per real step.
         assert history == [
             (False, True, 0.1 * 0.5**2, 2),
@@ -151,7 +154,9 @@ def _shuffle_worker():
 
 
 def test_shuffling_without_a_seedable_sampler_stays_in_step_across_ranks():
-    (mine, everyone), _ = notebook_launcher(_shuffle_worker, num_processes=2, return_all=True)
+    (mine, everyone), _ = notebook_launcher(
+        _shuffle_worker, num_processes=2, return_all=True, backend="cpu"
+    )
     for gathered in everyone:
         assert sorted(gathered) == list(range(20))  # disjoint shards covering the data
     assert mine[0] != mine[1]  # each epoch reshuffles
@@ -191,7 +196,7 @@ def _handlers_worker():
 
 def test_handlers_reach_ddp_and_accumulation_skips_the_all_reduce():
     for unused, local, epochs in notebook_launcher(
-        _handlers_worker, num_processes=2, return_all=True
+        _handlers_worker, num_processes=2, return_all=True, backend="cpu"
     ):
         assert unused is True
         assert local == [True, True]  # 4 batches, accumulation 2: 2 skipped syncs

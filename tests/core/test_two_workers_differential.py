@@ -74,7 +74,9 @@ def _differential_worker():
 
 
 def test_batches_and_gather_for_metrics_match_accelerate():
-    per_rank = notebook_launcher(_differential_worker, num_processes=2, return_all=True)
+    per_rank = notebook_launcher(
+        _differential_worker, num_processes=2, return_all=True, backend="cpu"
+    )
     for rank, results in enumerate(per_rank):
         for config, (ours, theirs) in zip(CONFIGS, results, strict=True):
             assert ours[0] == theirs[0], f"rank {rank} batches differ for {config}"

@@ -81,6 +81,7 @@ def test_compiled_model_trains_like_the_plain_one(fsdp, accumulation, wrapper):
         return_all=True,
         live=False,
         timeout=90,
+        backend="cpu",
     )
     compiled, plain = results[0]["compiled"], results[0]["plain"]
     print("compiled losses", [round(v, 5) for v in compiled["losses"]])

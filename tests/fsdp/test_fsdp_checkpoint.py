@@ -93,19 +93,23 @@ def _assert_weights_equal(actual: dict, expected: dict) -> None:
 def test_sharded_save_then_load_on_two_and_on_one_worker(tmp_path):
     folder = str(tmp_path)
     launch = {"return_all": True, "live": False}
-    saved = notebook_launcher(_save, args=(folder,), num_processes=2, timeout=60, **launch)[0]
+    saved = notebook_launcher(
+        _save, args=(folder,), num_processes=2, timeout=60, **launch, backend="cpu"
+    )[0]
     files = sorted(os.listdir(tmp_path / "state" / "sharded"))
     print("sharded checkpoint files:", files)
     assert files == [".metadata", "__0_0.distcp", "__1_0.distcp"]
     assert not (tmp_path / "state" / "model.safetensors").exists()
 
-    two = notebook_launcher(_load, args=(folder,), num_processes=2, timeout=60, **launch)[0]
+    two = notebook_launcher(
+        _load, args=(folder,), num_processes=2, timeout=60, **launch, backend="cpu"
+    )[0]
     assert two["sharded"] and two["warnings"] == []
     _assert_weights_equal(two["loaded"], saved["saved"])
     torch.testing.assert_close(two["later"], saved["later"], rtol=1e-5, atol=1e-6)
     _assert_weights_equal(two["after"], saved["after"])
 
-    one = notebook_launcher(_load, args=(folder,), num_processes=1, **launch)[0]
+    one = notebook_launcher(_load, args=(folder,), num_processes=1, **launch, backend="cpu")[0]
     assert not one["sharded"]  # one process has nothing to shard with
     assert any("saved by 2 processes and loaded by 1" in w for w in one["warnings"])
     _assert_weights_equal(one["loaded"], saved["saved"])

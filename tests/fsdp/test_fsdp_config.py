@@ -9,9 +9,10 @@ import torch
 
 from notebook_accel import Accelerator, LaunchConfig, notebook_launcher
 from notebook_accel.cli import main as cli_main
-from notebook_accel.config import ConfigError, LaunchSettings
+from notebook_accel.config import LaunchSettings
 from notebook_accel.fsdp import wrap_targets
 from notebook_accel.kwargs import FullyShardedDataParallelPlugin
+from notebook_accel.launch.options import ConfigError
 
 
 class Block(torch.nn.Module):
@@ -115,10 +116,13 @@ def test_launch_settings_carry_fsdp_through_the_environment():
 
 def test_a_bad_fsdp_launch_option_stops_before_any_worker_starts():
     with pytest.raises(ValueError, match="fsdp: unknown FSDP option 'min_params'"):
-        notebook_launcher(print, num_processes=2, fsdp={"min_params": 10})
+        notebook_launcher(print, num_processes=2, fsdp={"min_params": 10}, backend="cpu")
     with pytest.raises(ValueError, match="create it inside the training function"):
         notebook_launcher(
-            print, num_processes=2, fsdp=FullyShardedDataParallelPlugin(auto_wrap_policy=bool)
+            print,
+            num_processes=2,
+            fsdp=FullyShardedDataParallelPlugin(auto_wrap_policy=bool),
+            backend="cpu",
         )
 
 
@@ -147,7 +151,9 @@ def test_yaml_fsdp_section_reaches_accelerator_in_the_workers(tmp_path):
 
 
 def test_one_process_leaves_the_model_unsharded():
-    result = notebook_launcher(_what_prepare_did, num_processes=1, fsdp=True, live=False)
+    result = notebook_launcher(
+        _what_prepare_did, num_processes=1, fsdp=True, live=False, backend="cpu"
+    )
     assert result["plugin"] is not None
     assert (result["model"], result["parameter"]) == ("Sequential", "Parameter")
 
@@ -207,4 +213,7 @@ def _prepare_twice() -> str:
 
 
 def test_preparing_a_sharded_model_again_leaves_it_as_it_is():
-    assert notebook_launcher(_prepare_twice, num_processes=2, live=False, timeout=60) == "DTensor"
+    assert (
+        notebook_launcher(_prepare_twice, num_processes=2, live=False, timeout=60, backend="cpu")
+        == "DTensor"
+    )

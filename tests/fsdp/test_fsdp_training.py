@@ -109,6 +109,7 @@ def test_fsdp_follows_the_ddp_loss_curve(options, mixed_precision, accumulation,
         return_all=True,
         live=False,
         timeout=90,
+        backend="cpu",
     )
     main = results[0]
     fsdp, ddp = main["fsdp"], main["ddp"]
@@ -152,7 +153,9 @@ def _memory() -> dict:
 
 
 def test_parameter_memory_per_rank_is_about_half_of_ddp():
-    results = notebook_launcher(_memory, num_processes=2, return_all=True, live=False, timeout=60)
+    results = notebook_launcher(
+        _memory, num_processes=2, return_all=True, live=False, timeout=60, backend="cpu"
+    )
     for rank, figures in enumerate(results):
         ratio = figures["fsdp"]["parameters"] / figures["ddp"]["parameters"]
         adam_ratio = figures["fsdp"]["adam"] / figures["ddp"]["adam"]

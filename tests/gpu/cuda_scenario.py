@@ -43,6 +43,7 @@ def train(precision_steps: int = 20) -> dict:
         optimizer.zero_grad()
     total = accelerator.reduce(torch.ones(1, device=accelerator.device))
     return {
+        "pid": __import__("os").getpid(),
         "device": str(accelerator.device),
         "world": accelerator.num_processes,
         "distributed_type": str(accelerator.distributed_type),
@@ -77,6 +78,15 @@ def launch(precision: str) -> dict:
     }
 
 
+def in_kernel() -> dict:
+    import os
+
+    from notebook_accel import notebook_launcher
+
+    result = notebook_launcher(train, num_processes=1, backend="cuda", live=False)
+    return {**result, "pid_is_kernel": result.get("pid", os.getpid()) == os.getpid()}
+
+
 def attempt(name: str, fn, results: dict) -> None:
     try:
         results[name] = {"ok": True, **fn()}
@@ -101,6 +111,10 @@ def main() -> None:
     for precision in ("no", "fp16", "bf16", "fp8"):
         attempt(precision, lambda p=precision: launch(p), results)
     results["cuda_initialized_after_launches"] = torch.cuda.is_initialized()
+
+    # num_processes=1 runs in this process (the debugger-friendly path); it starts
+    # CUDA here, so it comes after every forked launch.
+    attempt("in_kernel", in_kernel, results)
 
     # Touch CUDA here, as a careless cell would: the next launch must be refused.
     torch.zeros(1, device="cuda")

@@ -48,12 +48,27 @@ def test_gpus_are_counted_without_initialising_cuda(scenario):
     assert scenario["cuda_initialized_after_launches"] is False
 
 
-def test_forked_workers_train_on_nccl_with_gpu_memory_figures(scenario):
+def test_forked_workers_train_with_gpu_memory_figures(scenario):
+    """One worker per GPU, up to two: one GPU shows the forked path, two an nccl group."""
     run = scenario["no"]
     assert run["ok"], run.get("traceback")
-    assert run["device"].startswith("cuda") and run["distributed_type"] == "MULTI_GPU"
+    assert run["device"].startswith("cuda")
+    assert run["world"] == min(len(scenario["gpus"]), 2)
     assert run["reduced"] == run["world"]
     assert all(figures["peak_gpu_bytes"] > 0 for figures in run["resources"].values())
+
+
+def test_two_gpus_form_one_nccl_group(scenario):
+    if len(scenario["gpus"]) < 2:
+        pytest.skip("needs two GPUs: NCCL refuses two ranks on one GPU")
+    assert scenario["no"]["distributed_type"] == "MULTI_GPU"
+
+
+def test_one_process_runs_in_the_kernel_on_the_gpu(scenario):
+    run = scenario["in_kernel"]
+    assert run["ok"], run.get("traceback")
+    assert run["pid_is_kernel"] and run["device"].startswith("cuda")
+    assert run["world"] == 1 and run["distributed_type"] == "NO"
 
 
 def test_fp16_trains_with_a_loss_scaler(scenario):

@@ -36,7 +36,7 @@ def rank1_raises(stamp_path):
 def test_a_raising_rank_surfaces_with_its_traceback_and_the_rest_stop_fast(tmp_path):
     path = tmp_path / "failed_at"
     with pytest.raises(WorkerError) as caught:
-        notebook_launcher(rank1_raises, args=(str(path),), num_processes=2)
+        notebook_launcher(rank1_raises, args=(str(path),), num_processes=2, backend="cpu")
     returned_at = time.time()
     error = caught.value
     assert isinstance(error, RuntimeError)
@@ -61,7 +61,7 @@ def rank1_killed(stamp_path):
 def test_a_killed_rank_is_named_with_its_signal(tmp_path):
     path = tmp_path / "killed_at"
     with pytest.raises(WorkerError) as caught:
-        notebook_launcher(rank1_killed, args=(str(path),), num_processes=2)
+        notebook_launcher(rank1_killed, args=(str(path),), num_processes=2, backend="cpu")
     assert time.time() - float(path.read_text()) < 2.0
     error = caught.value
     assert error.rank == 1 and error.exitcode == -signal.SIGKILL
@@ -78,7 +78,7 @@ def rank0_exits(code):
 
 def test_a_nonzero_exit_is_named_with_its_code():
     with pytest.raises(WorkerError, match="worker rank 0 exited with code 3") as caught:
-        notebook_launcher(rank0_exits, args=(3,), num_processes=2)
+        notebook_launcher(rank0_exits, args=(3,), num_processes=2, backend="cpu")
     assert caught.value.exitcode == 3 and caught.value.traceback == ""
 
 
@@ -90,7 +90,7 @@ def sys_exit_on_rank1():
 
 def test_sys_exit_with_a_code_is_a_failure():
     with pytest.raises(WorkerError) as caught:
-        notebook_launcher(sys_exit_on_rank1, num_processes=2)
+        notebook_launcher(sys_exit_on_rank1, num_processes=2, backend="cpu")
     assert caught.value.rank == 1 and caught.value.exitcode == 4
 
 
@@ -104,7 +104,7 @@ def dies_before_rendezvous():
 def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
     started = time.monotonic()
     with pytest.raises(WorkerError, match="could not load data"):
-        notebook_launcher(dies_before_rendezvous, num_processes=2)
+        notebook_launcher(dies_before_rendezvous, num_processes=2, backend="cpu")
     assert time.monotonic() - started < 10
     assert live_children() == []
 
@@ -119,7 +119,7 @@ def spawns_grandchild_then_fails():
 
 def test_processes_started_by_workers_are_stopped_too():
     with pytest.raises(WorkerError, match="disk full"):
-        notebook_launcher(spawns_grandchild_then_fails, num_processes=2)
+        notebook_launcher(spawns_grandchild_then_fails, num_processes=2, backend="cpu")
     assert live_children() == []
 
 
@@ -129,7 +129,7 @@ def returns_a_generator():
 
 def test_a_result_that_cannot_travel_back_is_a_clear_worker_error():
     with pytest.raises(WorkerError, match="cannot be sent back to the notebook"):
-        notebook_launcher(returns_a_generator, num_processes=2)
+        notebook_launcher(returns_a_generator, num_processes=2, backend="cpu")
 
 
 def sleeps(seconds):
@@ -139,8 +139,8 @@ def sleeps(seconds):
 def test_timeout_stops_the_run_and_raises_timeout_error():
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="timeout=1.0"):
-        notebook_launcher(sleeps, args=(600,), num_processes=2, timeout=1.0)
+        notebook_launcher(sleeps, args=(600,), num_processes=2, timeout=1.0, backend="cpu")
     assert time.monotonic() - started < 4
     assert live_children() == []
     assert last_run().status == "timed out"
-    assert notebook_launcher(sleeps, args=(0,), num_processes=2) is None
+    assert notebook_launcher(sleeps, args=(0,), num_processes=2, backend="cpu") is None

@@ -27,7 +27,7 @@ def test_interrupt_stops_every_worker_and_leaves_the_process_as_it_was():
     timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(sleeps, args=(600,), num_processes=2)
+            notebook_launcher(sleeps, args=(600,), num_processes=2, backend="cpu")
         interrupted_at = time.monotonic()
     finally:
         timer.cancel()
@@ -37,7 +37,7 @@ def test_interrupt_stops_every_worker_and_leaves_the_process_as_it_was():
     assert {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS} == handlers
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask
     # The next launch in the same process works.
-    assert notebook_launcher(sleeps, args=(0,), num_processes=2) != os.getpid()
+    assert notebook_launcher(sleeps, args=(0,), num_processes=2, backend="cpu") != os.getpid()
 
 
 def test_interrupt_during_teardown_does_not_leave_workers():
@@ -47,7 +47,7 @@ def test_interrupt_during_teardown_does_not_leave_workers():
         timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(sleeps, args=(600,), num_processes=2)
+            notebook_launcher(sleeps, args=(600,), num_processes=2, backend="cpu")
             time.sleep(1)
     finally:
         for timer in timers:
@@ -68,7 +68,7 @@ def test_a_second_stop_press_during_teardown_still_leaves_no_worker():
         timer.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            notebook_launcher(ignores_sigterm_then_sleeps, num_processes=2)
+            notebook_launcher(ignores_sigterm_then_sleeps, num_processes=2, backend="cpu")
     finally:
         for timer in timers:
             timer.cancel()

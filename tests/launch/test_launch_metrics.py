@@ -32,9 +32,9 @@ class Arrivals(RunObserver):
     def __init__(self):
         self.metrics: list[tuple[float, MetricRecord]] = []
 
-    def on_message(self, rank, kind, payload):
-        if kind == "metric":
-            self.metrics.append((time.monotonic(), payload))
+    def on_event(self, event, report):
+        if isinstance(event, MetricRecord):
+            self.metrics.append((time.monotonic(), event))
 
 
 def slow_logger():
@@ -46,7 +46,7 @@ def slow_logger():
 
 def test_metrics_arrive_while_the_run_goes():
     arrivals = Arrivals()
-    notebook_launcher(slow_logger, num_processes=2, observers=[arrivals], live=False)
+    notebook_launcher(slow_logger, num_processes=2, observers=[arrivals], live=False, backend="cpu")
     ended = time.monotonic()
     times = [when for when, _ in arrivals.metrics]
     assert len(times) == 5
@@ -54,7 +54,7 @@ def test_metrics_arrive_while_the_run_goes():
 
 
 def test_history_is_data_after_the_run():
-    notebook_launcher(logs_steps, args=(30,), num_processes=2, live=False)
+    notebook_launcher(logs_steps, args=(30,), num_processes=2, live=False, backend="cpu")
     report = last_run()
     assert len(report.metrics) == 30  # main process only, as in Accelerate
     assert {record.rank for record in report.metrics} == {0}
@@ -67,20 +67,25 @@ def test_history_is_data_after_the_run():
 
 def test_every_rank_can_log_when_asked():
     notebook_launcher(
-        logs_steps, args=(4,), kwargs={"every_rank": True}, num_processes=2, live=False
+        logs_steps,
+        args=(4,),
+        kwargs={"every_rank": True},
+        num_processes=2,
+        live=False,
+        backend="cpu",
     )
     assert sorted(record.rank for record in last_run().metrics) == [0] * 4 + [1] * 4
     assert len(last_run().history("loss", rank=1)) == 4
 
 
 def test_metrics_from_a_single_in_process_run_are_kept_too():
-    notebook_launcher(logs_steps, args=(3,), num_processes=1, live=False)
+    notebook_launcher(logs_steps, args=(3,), num_processes=1, live=False, backend="cpu")
     assert [step for step, _ in last_run().history("loss")] == [0, 1, 2]
     assert last_run().progress["step"] == 3
 
 
 def test_dataframe_needs_pandas_or_says_how_to_get_it():
-    notebook_launcher(logs_steps, args=(2,), num_processes=2, live=False)
+    notebook_launcher(logs_steps, args=(2,), num_processes=2, live=False, backend="cpu")
     try:
         import pandas  # noqa: F401
     except ImportError:
@@ -99,7 +104,7 @@ def test_a_value_that_is_not_a_number_is_a_clear_error():
     from notebook_accel import WorkerError
 
     with pytest.raises(WorkerError, match="log numbers, one-element tensors or strings"):
-        notebook_launcher(logs_a_list, num_processes=2, live=False)
+        notebook_launcher(logs_a_list, num_processes=2, live=False, backend="cpu")
 
 
 SCRIPT = textwrap.dedent("""
@@ -112,7 +117,7 @@ SCRIPT = textwrap.dedent("""
             accelerator.log({"loss": 1.0 / (step + 1)}, step=step)
             time.sleep(0.1)
 
-    notebook_launcher(train, num_processes=2)
+    notebook_launcher(train, num_processes=2, backend="cpu")
 """)
 
 
@@ -133,7 +138,7 @@ def logs_then_exits_cleanly():
 
 def test_metrics_waiting_for_their_batch_arrive_when_a_worker_exits():
     assert notebook_launcher(
-        logs_then_exits_cleanly, num_processes=2, live=False, return_all=True
+        logs_then_exits_cleanly, num_processes=2, live=False, return_all=True, backend="cpu"
     ) == [None, None]
     assert sorted(record.rank for record in last_run().metrics) == [0, 1]
 
@@ -141,13 +146,18 @@ def test_metrics_waiting_for_their_batch_arrive_when_a_worker_exits():
 def test_a_failed_single_process_start_leaves_no_metric_sink_behind():
     import socket
 
-    from notebook_accel import metrics
+    from notebook_accel.launch import destination
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         with pytest.raises(OSError):
             notebook_launcher(
-                logs_steps, args=(1,), num_processes=1, use_port=busy.getsockname()[1], live=False
+                logs_steps,
+                args=(1,),
+                num_processes=1,
+                use_port=busy.getsockname()[1],
+                live=False,
+                backend="cpu",
             )
-    assert metrics._local_sink is None
+    assert destination.current() == destination.Destination()

@@ -20,7 +20,7 @@ NODE_SCRIPT = textwrap.dedent("""
     node_rank, port = int(sys.argv[1]), int(sys.argv[2])
     results = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
                                 master_addr="127.0.0.1", use_port=port, return_all=True,
-                                timeout=60)
+                                timeout=60, backend="cpu")
     print("RESULTS", results)
 """)
 
@@ -62,10 +62,11 @@ TRAIN_MODULE = textwrap.dedent("""
         warnings.simplefilter("ignore")  # 4 workers on fewer cores
         out, node_rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
         if node_rank < 0:
-            weights = notebook_launcher(train, num_processes=4, timeout=120, live=False)
+            weights = notebook_launcher(train, num_processes=4, timeout=120, live=False,
+                                        backend="cpu")
         else:
             weights = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
-                                        use_port=port, timeout=120, live=False)
+                                        use_port=port, timeout=120, live=False, backend="cpu")
         torch.save(weights, out)
 """)
 

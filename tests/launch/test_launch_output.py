@@ -30,7 +30,7 @@ def test_every_rank_prints_whole_lines_with_rank_prefixes(capsys):
     handler = logging.StreamHandler(sys.stderr)  # made before the launch, as in a notebook
     logger.addHandler(handler)
     try:
-        notebook_launcher(chatty, num_processes=2)
+        notebook_launcher(chatty, num_processes=2, backend="cpu")
     finally:
         logger.removeHandler(handler)
     out, err = capsys.readouterr()
@@ -43,7 +43,7 @@ def test_every_rank_prints_whole_lines_with_rank_prefixes(capsys):
 
 
 def test_main_only_output_hides_the_other_ranks(capsys):
-    notebook_launcher(chatty, num_processes=2, output="main")
+    notebook_launcher(chatty, num_processes=2, output="main", backend="cpu")
     out, err = capsys.readouterr()
     assert "start-0-end-0" in out.splitlines()
     assert "[rank 1]" not in out + err
@@ -57,6 +57,6 @@ def many_lines(count):
 
 
 def test_large_output_arrives_complete_and_in_order(capsys):
-    notebook_launcher(many_lines, args=(3000,), num_processes=2)
+    notebook_launcher(many_lines, args=(3000,), num_processes=2, backend="cpu")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("line")]
     assert lines == [f"line {index:05d} " + "x" * 100 for index in range(3000)]

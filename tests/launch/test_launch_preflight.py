@@ -7,11 +7,9 @@ import socket
 import pytest
 import torch
 
-from notebook_accel import notebook_launcher
-from notebook_accel.launch import backends
-from notebook_accel.launch.backends import LaunchRefused
-from notebook_accel.launch.hardware import GpuInfo, Hardware
+from notebook_accel import notebook_launcher, platforms
 from notebook_accel.launch.preflight import plan_launch
+from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda
 from tests_support import live_children
 
 CPU_ONLY = Hardware(gpus=(), cpu_cores=2, ram_bytes=1 << 30)
@@ -51,15 +49,12 @@ def train(lr, epochs=1):
         ({"output": "rank0"}, ValueError, "output='rank0' must be one of all, main, none"),
         ({"num_processes": 1, "timeout": 5}, ValueError, "timeout= needs worker processes"),
         ({"max_restarts": 1, "num_nodes": 2}, ValueError, "max_restarts works on one machine"),
-        (
-            {"devices": [0], "num_processes": None},
-            ValueError,
-            "devices=\\[0\\] names GPU 0, but this machine has 0",
-        ),
+        ({"devices": [0], "num_processes": None}, ValueError, "devices= chooses GPUs"),
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(options, error, message):
-    call = {"args": (0.1,), "num_processes": 2, **options}
+    # CPU workers, asked for: the same refusals on a machine with GPUs.
+    call = {"args": (0.1,), "num_processes": 2, "backend": "cpu", **options}
     with pytest.raises(error, match=message):
         notebook_launcher(train, **call)
     assert live_children() == []
@@ -78,7 +73,7 @@ def test_a_busy_explicit_port_is_a_clear_error():
         busy.listen()
         port = busy.getsockname()[1]
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1 port {port} .*in use"):
-            notebook_launcher(train, args=(0.1,), num_processes=2, use_port=port)
+            notebook_launcher(train, args=(0.1,), num_processes=2, use_port=port, backend="cpu")
     assert live_children() == []
 
 
@@ -90,23 +85,23 @@ def test_more_gpu_workers_than_gpus_is_refused():
 def test_more_cpu_workers_than_cores_only_warns():
     with pytest.warns(UserWarning, match="the workers will share them"):
         plan = plan_launch(function=train, args=(0.1,), num_processes=3, hardware=CPU_ONLY)
-    assert plan.world_size == 3 and plan.backend.name == "cpu"
+    assert plan.world_size == 3 and plan.platform.name == "cpu"
 
 
 def test_default_worker_counts_follow_the_hardware(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: False)
     assert plan_launch(function=train, args=(0.1,), hardware=CPU_ONLY).world_size == 2
     gpu_plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
-    assert gpu_plan.backend.name == "cuda" and gpu_plan.world_size == 2
-    assert gpu_plan.backend.process_group_backend == "nccl"
+    assert gpu_plan.platform.name == "cuda" and gpu_plan.world_size == 2
+    assert gpu_plan.platform.process_group_backend == "nccl"
     cpu_plan = plan_launch(function=train, args=(0.1,), backend="cpu", hardware=TWO_T4)
-    assert cpu_plan.backend.name == "cpu"
+    assert cpu_plan.platform.name == "cpu"
 
 
 def test_precision_is_checked_against_the_gpus(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: False)
     with pytest.raises(ValueError, match="bf16 needs compute capability 8.0"):
         plan_launch(function=train, args=(0.1,), mixed_precision="bf16", hardware=TWO_T4)
     with pytest.raises(ValueError, match="fp8 needs compute capability 8.9"):
@@ -117,13 +112,13 @@ def test_precision_is_checked_against_the_gpus(monkeypatch):
 
 def test_devices_choose_gpus_through_cuda_visible_devices(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: False)
+    monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: False)
     plan = plan_launch(function=train, args=(0.1,), devices=[1], hardware=TWO_T4)
-    assert plan.world_size == 1 and plan.backend.name == "cuda"
-    assert plan.backend.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "1"}
+    assert plan.world_size == 1 and plan.platform.name == "cuda"
+    assert plan.platform.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "1"}
     assert not plan.in_process  # GPU 1 needs a worker of its own
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # the kernel sees two of four GPUs
-    assert plan.backend.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "3"}
+    assert plan.platform.worker_environment(0, plan.devices) == {"CUDA_VISIBLE_DEVICES": "3"}
     with pytest.raises(ValueError, match="does not match devices"):
         plan_launch(function=train, args=(0.1,), devices=[0, 1], num_processes=1, hardware=TWO_T4)
 
@@ -136,20 +131,18 @@ def test_cuda_initialised_in_the_kernel_is_refused_with_the_way_out(monkeypatch)
 
 def test_a_cuda_driver_initialised_by_another_library_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
-    monkeypatch.setattr(backends, "_cuda_driver_initialised", lambda: True)
+    monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: True)
     with pytest.raises(LaunchRefused, match="CUDA driver is already initialised"):
         plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
 
 
 def test_driver_probe_never_loads_libcuda_itself(monkeypatch):
-    monkeypatch.setattr(backends, "_library_loaded", lambda name: False)
-    monkeypatch.setattr(backends.ctypes, "CDLL", lambda *a, **k: pytest.fail("loaded libcuda"))
-    assert backends._cuda_driver_initialised() is False
+    monkeypatch.setattr(cuda, "_library_loaded", lambda name: False)
+    monkeypatch.setattr(cuda.ctypes, "CDLL", lambda *a, **k: pytest.fail("loaded libcuda"))
+    assert cuda._cuda_driver_initialised() is False
 
 
 def test_gpu_counting_goes_through_nvml_not_the_cuda_runtime(monkeypatch):
-    from notebook_accel.launch import hardware
-
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: 2)
     monkeypatch.setattr(
@@ -158,14 +151,12 @@ def test_gpu_counting_goes_through_nvml_not_the_cuda_runtime(monkeypatch):
         lambda: pytest.fail("the CUDA runtime was asked"),
         raising=False,
     )
-    monkeypatch.setattr(hardware, "_nvml_gpus", lambda: ())
-    assert hardware.cuda_device_count() == 2
-    assert [gpu.index for gpu in hardware.detect().gpus] == [0, 1]
+    monkeypatch.setattr(cuda, "_nvml_gpus", lambda: ())
+    assert cuda.cuda_device_count() == 2
+    assert [gpu.index for gpu in platforms.detect_hardware().gpus] == [0, 1]
 
 
 def test_gpus_that_nvml_cannot_count_are_counted_without_the_cuda_runtime(monkeypatch):
-    from notebook_accel.launch import hardware
-
     monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
     monkeypatch.setattr(torch.cuda, "_device_count_nvml", lambda: -1)  # e.g. MIG UUIDs
     monkeypatch.setattr(torch.cuda, "device_count", lambda: pytest.fail("runtime fallback"))
@@ -176,18 +167,18 @@ def test_gpus_that_nvml_cannot_count_are_counted_without_the_cuda_runtime(monkey
         raising=False,
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-4f2a,MIG-9c1e")
-    assert hardware.cuda_device_count() == 2
+    assert cuda.cuda_device_count() == 2
 
 
 def inner_launch():
-    return notebook_launcher(lambda: 1, num_processes=2)
+    return notebook_launcher(lambda: 1, num_processes=2, backend="cpu")
 
 
 def test_launching_from_inside_a_worker_is_refused():
     from notebook_accel import WorkerError
 
     with pytest.raises(WorkerError, match="called inside a launched worker"):
-        notebook_launcher(inner_launch, num_processes=2)
+        notebook_launcher(inner_launch, num_processes=2, backend="cpu")
 
 
 def test_detect_hardware_is_public_and_reads_this_machine_without_cuda():
@@ -197,3 +188,8 @@ def test_detect_hardware_is_public_and_reads_this_machine_without_cuda():
     assert isinstance(hardware, notebook_accel.Hardware)
     assert hardware.cpu_cores >= 1 and hardware.ram_bytes > 0
     assert not torch.cuda.is_initialized()
+
+
+def test_devices_beyond_the_machine_s_gpus_are_named():
+    with pytest.raises(ValueError, match="devices=\\[0\\] names GPU 0, but this machine has 0"):
+        plan_launch(function=train, args=(0.1,), devices=[0], hardware=CPU_ONLY)

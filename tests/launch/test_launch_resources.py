@@ -19,10 +19,12 @@ def all_reduce_once():
 
 def test_twenty_launches_do_not_grow_fds_threads_or_children():
     me = psutil.Process()
-    assert notebook_launcher(all_reduce_once, num_processes=2) == 2.0  # warm up imports
+    assert (
+        notebook_launcher(all_reduce_once, num_processes=2, backend="cpu") == 2.0
+    )  # warm up imports
     fds, threads = me.num_fds(), me.num_threads()
     for _ in range(20):
-        assert notebook_launcher(all_reduce_once, num_processes=2) == 2.0
+        assert notebook_launcher(all_reduce_once, num_processes=2, backend="cpu") == 2.0
     assert me.num_fds() <= fds
     assert me.num_threads() <= threads
     assert live_children() == []

@@ -40,7 +40,7 @@ def sum_of_ranks(scale: float, offset: float = 0.0):
 
 
 def test_two_workers_form_one_group_and_rank0_value_comes_back():
-    result = notebook_launcher(sum_of_ranks, args=(2.0,), num_processes=2)
+    result = notebook_launcher(sum_of_ranks, args=(2.0,), num_processes=2, backend="cpu")
     assert result["rank"] == 0 and result["world"] == 2
     assert torch.equal(result["sum"], torch.tensor([2.0]))  # (0 + 1) * 2
     assert result["env"]["WORLD_SIZE"] == "2" and result["env"]["LOCAL_WORLD_SIZE"] == "2"
@@ -50,7 +50,12 @@ def test_two_workers_form_one_group_and_rank0_value_comes_back():
 
 def test_return_all_lists_every_rank_in_order_and_kwargs_reach_the_function():
     results = notebook_launcher(
-        sum_of_ranks, args=(1.0,), kwargs={"offset": 10.0}, num_processes=2, return_all=True
+        sum_of_ranks,
+        args=(1.0,),
+        kwargs={"offset": 10.0},
+        num_processes=2,
+        return_all=True,
+        backend="cpu",
     )
     assert [r["rank"] for r in results] == [0, 1]
     assert [r["env"]["RANK"] for r in results] == ["0", "1"]
@@ -60,8 +65,8 @@ def test_return_all_lists_every_rank_in_order_and_kwargs_reach_the_function():
 
 
 def test_two_launches_back_to_back_pick_free_ports():
-    first = notebook_launcher(sum_of_ranks, args=(1.0,), num_processes=2)
-    second = notebook_launcher(sum_of_ranks, args=(1.0,), num_processes=2)
+    first = notebook_launcher(sum_of_ranks, args=(1.0,), num_processes=2, backend="cpu")
+    second = notebook_launcher(sum_of_ranks, args=(1.0,), num_processes=2, backend="cpu")
     assert first["sum"].item() == second["sum"].item() == 1.0
     assert first["env"]["MASTER_PORT"] != "29500"
 
@@ -78,6 +83,7 @@ def test_settings_reach_workers_and_tensors_come_back_detached():
         num_processes=2,
         mixed_precision="bf16",
         gradient_accumulation_steps=4,
+        backend="cpu",
     )
     assert settings == LaunchSettings("cpu", "bf16", 4)
     assert not tensor.requires_grad and tensor.device.type == "cpu"
@@ -90,7 +96,7 @@ def in_process_probe():
 
 def test_one_process_runs_in_the_calling_process_and_restores_everything():
     environ = dict(os.environ)
-    pid, rank, world = notebook_launcher(in_process_probe, num_processes=1)
+    pid, rank, world = notebook_launcher(in_process_probe, num_processes=1, backend="cpu")
     assert (pid, rank, world) == (os.getpid(), "0", 1)
     assert dict(os.environ) == environ
     assert not dist.is_initialized()
@@ -101,7 +107,7 @@ def test_in_process_errors_propagate_unwrapped_for_debuggers():
         raise KeyError("debug me")
 
     with pytest.raises(KeyError, match="debug me"):
-        notebook_launcher(broken, num_processes=1)
+        notebook_launcher(broken, num_processes=1, backend="cpu")
 
 
 def parallel_matmul():
@@ -115,7 +121,9 @@ def test_workers_finish_after_the_parent_ran_a_multithreaded_op():
     torch.set_num_threads(2)
     x = torch.randn(1000, 1000)
     _ = x @ x
-    results = notebook_launcher(parallel_matmul, num_processes=2, timeout=60, return_all=True)
+    results = notebook_launcher(
+        parallel_matmul, num_processes=2, timeout=60, return_all=True, backend="cpu"
+    )
     assert results == [1.0, 1.0]
 
 
@@ -131,7 +139,7 @@ SCRIPT = textwrap.dedent("""
         return t.item()
 
     if __name__ == "__main__":
-        print("result", notebook_launcher(train, args=(3,), num_processes=2))
+        print("result", notebook_launcher(train, args=(3,), num_processes=2, backend="cpu"))
 """)
 
 
@@ -157,7 +165,7 @@ def rank0_returns_nothing():
 
 def test_return_all_keeps_each_value_at_its_rank():
     assert notebook_launcher(
-        rank0_returns_nothing, num_processes=2, return_all=True, live=False
+        rank0_returns_nothing, num_processes=2, return_all=True, live=False, backend="cpu"
     ) == [None, "rank 1"]
 
 
@@ -177,6 +185,9 @@ def test_a_result_the_kernel_cannot_unpickle_is_a_worker_error():
 
     with pytest.raises(WorkerError, match="could not read what the worker sent back"):
         notebook_launcher(
-            returns_an_object_only_the_worker_can_rebuild, num_processes=2, live=False
+            returns_an_object_only_the_worker_can_rebuild,
+            num_processes=2,
+            live=False,
+            backend="cpu",
         )
     assert live_children() == []

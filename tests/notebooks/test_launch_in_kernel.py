@@ -26,7 +26,7 @@ def train(scale):
     print(f"rank {dist.get_rank()} reduced {value.item()}")
     return value
 
-result = notebook_launcher(train, args=(2.0,), num_processes=2, timeout=60)
+result = notebook_launcher(train, args=(2.0,), num_processes=2, timeout=60, backend="cpu")
 assert result.item() == 6.0, result
 print("RESULT", result.item())
 """,
@@ -38,7 +38,7 @@ def fails():
     dist.barrier()
 
 try:
-    notebook_launcher(fails, num_processes=2)
+    notebook_launcher(fails, num_processes=2, backend="cpu")
 except WorkerError as error:
     print("CAUGHT", error.rank, type(error).__mro__[1].__name__)
     print(error.traceback)
@@ -96,7 +96,9 @@ def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):
         "def sleepy(s):\n    time.sleep(s)\n    return 'woke'\n",
     )
     assert setup["reply"]["status"] == "ok"
-    msg_id = client.execute("notebook_launcher(sleepy, args=(600,), num_processes=2)")
+    msg_id = client.execute(
+        "notebook_launcher(sleepy, args=(600,), num_processes=2, backend='cpu')"
+    )
     deadline = time.monotonic() + 30
     while len(kernel_process.children()) < 2 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -115,7 +117,7 @@ def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):
     after = run(
         client,
         "print(signal.getsignal(signal.SIGINT) is before)\n"
-        "print(notebook_launcher(sleepy, args=(0,), num_processes=2))",
+        "print(notebook_launcher(sleepy, args=(0,), num_processes=2, backend='cpu'))",
     )
     assert after["reply"]["status"] == "ok", after
     assert after["text"].split() == ["True", "woke"]

@@ -17,7 +17,7 @@ def train(steps):
     accelerator.print("trained", steps, "steps")
     return steps
 
-notebook_launcher(train, args=(40,), num_processes=2)
+notebook_launcher(train, args=(40,), num_processes=2, backend="cpu")
 """,
     """
 report = last_run()
