@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-import psutil
 import torch
 import torch.distributed as dist
 
@@ -63,6 +62,8 @@ def platform_for_process() -> Platform:
 
 def detect_hardware() -> Hardware:
     """Read the machine's GPUs, TPU cores, CPU cores and memory, initialising nothing."""
+    import psutil  # here: a worker's Accelerator() never needs it
+
     xla = detect_xla(os.environ)
     return Hardware(
         gpus=detect_gpus(),
