@@ -28,6 +28,12 @@ _EXPORTS = {
     "panel": "notebook_accel.ui.panel",
     "LaunchPanel": "notebook_accel.ui.panel",
     "Accelerator": "notebook_accel.accelerator",
+    "PartialState": "notebook_accel.state",
+    "AcceleratorState": "notebook_accel.state",
+    "GradientState": "notebook_accel.training",
+    "GradientAccumulationPlugin": "notebook_accel.kwargs",
+    "prepare_data_loader": "notebook_accel.data",
+    "skip_first_batches": "notebook_accel.data",
     "AutocastKwargs": "notebook_accel.kwargs",
     "DataLoaderConfiguration": "notebook_accel.kwargs",
     "DistributedDataParallelKwargs": "notebook_accel.kwargs",
@@ -52,11 +58,13 @@ if TYPE_CHECKING:
     from notebook_accel.accelerator import Accelerator
     from notebook_accel.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
     from notebook_accel.config import LaunchSettings
+    from notebook_accel.data import prepare_data_loader, skip_first_batches
     from notebook_accel.kwargs import (
         AutocastKwargs,
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
+        GradientAccumulationPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,
         ProjectConfiguration,
@@ -69,6 +77,8 @@ if TYPE_CHECKING:
     from notebook_accel.platforms import DistributedType, Hardware, detect_hardware
     from notebook_accel.progress import progress_bar, set_progress_hook
     from notebook_accel.seeding import set_seed
+    from notebook_accel.state import AcceleratorState, PartialState
+    from notebook_accel.training import GradientState
     from notebook_accel.ui.panel import LaunchPanel, panel
 
 

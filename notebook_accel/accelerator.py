@@ -28,6 +28,7 @@ from notebook_accel.kwargs import (
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
+    GradientAccumulationPlugin,
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
@@ -37,7 +38,7 @@ from notebook_accel.kwargs import (
 from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
 from notebook_accel.registry import TrainingObjects
-from notebook_accel.state import DistributedType, ProcessState
+from notebook_accel.state import AcceleratorState, DistributedType, split_between
 from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler, GradientState
 
 
@@ -65,6 +66,8 @@ class Accelerator:
         dynamo_backend / dynamo_plugin / compile: `torch.compile` models in
             `prepare` with this backend ("inductor", "aot_eager", ...), these
             settings, or (`compile=True`) the default backend.
+        gradient_accumulation_plugin: the accumulation steps and how they sync
+            (instead of `gradient_accumulation_steps`).
     """
 
     def __init__(
@@ -84,12 +87,22 @@ class Accelerator:
         dynamo_backend: str | None = None,
         dynamo_plugin: TorchDynamoPlugin | None = None,
         compile: bool = False,
+        gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
     ) -> None:
         launch = LaunchSettings.from_env()
         handlers = _sort_handlers(kwargs_handlers or [])
-        self.state = ProcessState.create(cpu, launch, handlers.get(InitProcessGroupKwargs))
+        self.state = AcceleratorState(
+            cpu, init_process_group_kwargs=handlers.get(InitProcessGroupKwargs)
+        )
         if mixed_precision is None:
             mixed_precision = launch.mixed_precision if launch else "no"
+        plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
+        if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
+            raise ValueError(
+                "pass gradient_accumulation_steps or gradient_accumulation_plugin, not both."
+            )
+        if gradient_accumulation_steps is None:
+            gradient_accumulation_steps = plugin.num_steps
         if gradient_accumulation_steps is None:
             gradient_accumulation_steps = launch.gradient_accumulation_steps if launch else 1
         if int(gradient_accumulation_steps) < 1:
@@ -103,6 +116,7 @@ class Accelerator:
             handlers.get(AutocastKwargs),
             handlers.get(GradScalerKwargs),
         )
+        self.state.mixed_precision = self.precision.name
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
         self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
         self.dynamo_plugin = compiling.plugin_for(
@@ -112,7 +126,12 @@ class Accelerator:
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:  # the older spelling, still accepted by Accelerate
             self.dataloader_config.split_batches = split_batches
-        self.gradient_state = GradientState(num_steps=int(gradient_accumulation_steps))
+        self.gradient_state = GradientState(
+            num_steps=int(gradient_accumulation_steps),
+            sync_with_dataloader=plugin.sync_with_dataloader,
+            adjust_scheduler=plugin.adjust_scheduler,
+            sync_each_batch=plugin.sync_each_batch,
+        )
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
         self.project_configuration = project_config or ProjectConfiguration(
@@ -355,9 +374,11 @@ class Accelerator:
         config = self.dataloader_config
         prepared = prepare_data_loader(
             data_loader,
+            dispatch_batches=config.dispatch_batches,
             num_processes=self.num_processes,
             process_index=self.process_index,
-            device=self.device if place else None,
+            device=self.device,
+            put_on_device=bool(place),
             gradient_state=self.gradient_state,
             split_batches=config.split_batches,
             even_batches=config.even_batches,
@@ -415,14 +436,15 @@ class Accelerator:
         on the last batch of a prepared DataLoader); on the other steps the
         optimizers do nothing and `models` skip the gradient all-reduce.
         """
-        if self.gradient_state.end_of_dataloader:
+        state = self.gradient_state
+        if state.end_of_dataloader and state.sync_with_dataloader:
             self.step = 0
-            self.gradient_state.sync_gradients = True
+            state.sync_gradients = True
         else:
             self.step += 1
-            self.gradient_state.sync_gradients = self.step % self.gradient_accumulation_steps == 0
+            state.sync_gradients = self.step % self.gradient_accumulation_steps == 0
         with contextlib.ExitStack() as stack:
-            if not self.sync_gradients:
+            if not (self.sync_gradients or state.sync_each_batch):
                 for model in models:
                     stack.enter_context(self.no_sync(model))
             yield
@@ -442,6 +464,77 @@ class Accelerator:
             context = contextlib.nullcontext()
         with context:
             yield
+
+    @contextlib.contextmanager
+    def trigger_sync_in_backward(self, model: torch.nn.Module) -> Iterator[None]:
+        """Make the next backward all-reduce gradients although the forward ran under `no_sync`.
+
+        For the pattern: several forwards under `no_sync`, then the backwards,
+        syncing at the last one. A no-op in one process and for unwrapped models.
+        """
+        model = compiling.unwrap_compiled(model)
+        if not isinstance(model, DistributedDataParallel):
+            yield
+            return
+        before = model.require_backward_grad_sync, model.require_forward_param_sync
+        model.require_backward_grad_sync = model.require_forward_param_sync = True
+        # The forward under no_sync left the reducer unprepared: prepare it now.
+        model.reducer.prepare_for_backward([])
+        try:
+            yield
+        finally:
+            model.require_backward_grad_sync, model.require_forward_param_sync = before
+
+    @contextlib.contextmanager
+    def join_uneven_inputs(
+        self, joinables: list, even_batches: bool | None = None
+    ) -> Iterator[None]:
+        """Let processes with fewer batches finish while the others still train (DDP).
+
+        Inside the block DDP models shadow the collectives of processes that ran
+        out of batches (`torch.distributed.algorithms.Join`). `even_batches`
+        overrides the prepared map-style loaders' setting for the block (so they
+        can really be uneven). Outside DDP training it warns and does nothing.
+        """
+        if self.distributed_type not in (DistributedType.MULTI_CPU, DistributedType.MULTI_GPU):
+            warnings.warn(
+                "join_uneven_inputs is only supported for multi-GPU and multi-CPU DDP "
+                f"training; with {self.distributed_type} it does nothing.",
+                UserWarning,
+                stacklevel=3,
+            )
+            yield
+            return
+        from torch.distributed.algorithms import Join
+
+        with contextlib.ExitStack() as stack:
+            if even_batches is not None:
+                stack.enter_context(self._override_even_batches(even_batches))
+            stack.enter_context(Join(joinables))
+            yield
+
+    @contextlib.contextmanager
+    def _override_even_batches(self, even_batches: bool) -> Iterator[None]:
+        samplers = [
+            loader.batch_sampler
+            for loader in self._objects.dataloaders
+            if hasattr(getattr(loader, "batch_sampler", None), "even_batches")
+        ]
+        if len(samplers) < len(self._objects.dataloaders):
+            warnings.warn(
+                "join_uneven_inputs(even_batches=...) is only supported for map-style datasets; "
+                "loaders over iterable datasets keep their setting.",
+                UserWarning,
+                stacklevel=4,
+            )
+        saved = [sampler.even_batches for sampler in samplers]
+        for sampler in samplers:
+            sampler.even_batches = even_batches
+        try:
+            yield
+        finally:
+            for sampler, value in zip(samplers, saved, strict=True):
+                sampler.even_batches = value
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
@@ -651,13 +744,13 @@ class Accelerator:
 
     @contextlib.contextmanager
     def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
-        """Give each process its contiguous share of a list, tuple, tensor or dict of them.
+        """Give each process its contiguous share of a list, tuple, tensor, dataset or dict of them.
 
         The first `len % num_processes` processes get one item more. With
         `apply_padding=True` the shorter shares repeat the last item so all
         shares have equal length (handy before `gather`).
         """
-        yield _split(inputs, self.process_index, self.num_processes, apply_padding)
+        yield split_between(inputs, self.process_index, self.num_processes, apply_padding)
 
     # -- checkpoints --------------------------------------------------------------------
 
@@ -782,30 +875,3 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
             raise ValueError(f"kwargs_handlers has more than one {kind.__name__}; pass one.")
         found[kind] = handler
     return found
-
-
-def _split(inputs: Any, rank: int, world: int, pad: bool) -> Any:
-    if isinstance(inputs, dict):
-        lengths = {len(value) for value in inputs.values()}
-        if len(lengths) > 1:
-            raise ValueError(
-                "split_between_processes needs every value of the dict to have the same length."
-            )
-        return type(inputs)({key: _split(value, rank, world, pad) for key, value in inputs.items()})
-    if not isinstance(inputs, (list, tuple, torch.Tensor)):
-        raise TypeError(
-            f"split_between_processes splits lists, tuples, tensors and dicts of them, not "
-            f"{type(inputs).__name__}."
-        )
-    if world == 1:
-        return inputs
-    share, extra = divmod(len(inputs), world)
-    start = rank * share + min(rank, extra)
-    part = inputs[start : start + share + (rank < extra)]
-    longest = share + (extra > 0)
-    if not pad or len(part) == longest:
-        return part
-    if isinstance(part, torch.Tensor):
-        filler = inputs[-1:].expand(longest - len(part), *inputs.shape[1:])
-        return torch.cat([part, filler])
-    return part + type(part)([inputs[-1]] * (longest - len(part)))

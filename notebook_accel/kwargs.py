@@ -83,6 +83,10 @@ class DataLoaderConfiguration:
       `data_seed + epoch` (seed defaults to torch's initial seed), which makes
       the order reproducible and identical on every process.
     - `non_blocking`: copy batches to the device with `non_blocking=True`.
+    - `dispatch_batches`: accepted; each process reads its own batches, the ones
+      Accelerate's main process would send it (same data, no broadcast).
+    - `use_stateful_dataloader`: accepted; prepared loaders always save and
+      restore their position (`state_dict`/`load_state_dict`).
     """
 
     split_batches: bool = False
@@ -93,14 +97,42 @@ class DataLoaderConfiguration:
     non_blocking: bool = False
     use_stateful_dataloader: bool = False
 
+    # dispatch_batches=True is accepted: every process reads its own batches, which
+    # are the ones the main process would have sent it (a warning says so once).
+    # use_stateful_dataloader=True is accepted: prepared loaders always have
+    # state_dict()/load_state_dict().
+
+
+@dataclass
+class GradientAccumulationPlugin:
+    """How `Accelerator.accumulate` accumulates gradients (Accelerate's plugin).
+
+    - `num_steps`: optimizer steps every this many `accumulate()` blocks.
+    - `sync_with_dataloader`: the last batch of a prepared DataLoader always
+      ends an accumulation cycle (the optimizer steps there).
+    - `sync_each_batch`: all-reduce gradients at every batch anyway (less
+      memory on the device, more communication); the optimizer still steps
+      every `num_steps`.
+    - `adjust_scheduler`: schedulers advance only with real optimizer steps
+      (always so here; accepted for compatibility).
+    """
+
+    num_steps: int | None = None
+    adjust_scheduler: bool = True
+    sync_with_dataloader: bool = True
+    sync_each_batch: bool = False
+
     def __post_init__(self) -> None:
-        if self.dispatch_batches:
-            raise ValueError(
-                "dispatch_batches=True is not supported: every process reads its own shard. "
-                "Leave dispatch_batches unset."
-            )
-        if self.use_stateful_dataloader:
-            raise ValueError("use_stateful_dataloader=True is not supported yet; leave it False.")
+        if self.num_steps is not None and (
+            isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int)
+        ):
+            raise ValueError(f"num_steps={self.num_steps!r} must be a whole number.")
+        if self.num_steps is not None and self.num_steps < 1:
+            raise ValueError(f"num_steps={self.num_steps} must be 1 or more.")
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The fields as a dict."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
 @dataclass

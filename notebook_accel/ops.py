@@ -71,6 +71,47 @@ class Collectives:
 
 
 _collectives: Collectives = Collectives()
+_check_shapes = False
+
+
+class DistributedOperationException(Exception):
+    """A collective was called with tensors whose shapes differ across processes
+    (raised instead of hanging or mixing data, when shape checking is on)."""
+
+
+def check_shapes(on: bool) -> None:
+    """Turn shape checking before collectives on or off (`PartialState().debug = True`)."""
+    global _check_shapes
+    _check_shapes = on
+
+
+def checking_shapes() -> bool:
+    """Whether collectives check the shapes across processes first."""
+    return _check_shapes
+
+
+def _verify(data: Any, operation: str, ignore_dim: int | None = None) -> None:
+    """Raise DistributedOperationException on every process when shapes disagree.
+
+    The shapes travel as objects, so a mismatch is reported rather than left to
+    a tensor collective, which could hang or read garbage.
+    """
+    if not _check_shapes or world_size() == 1:
+        return
+    shapes: list[tuple] = []
+    apply_to_tensors(lambda t: shapes.append(tuple(t.shape)), data)
+    everyone = _collectives.all_gather_object(shapes)
+
+    def comparable(shape: tuple) -> tuple:
+        if ignore_dim is None or not -len(shape) <= ignore_dim < len(shape):
+            return shape
+        return (len(shape), *(s for i, s in enumerate(shape) if i != ignore_dim % len(shape)))
+
+    if len({tuple(comparable(shape) for shape in item) for item in everyone}) > 1:
+        listing = "; ".join(f"process {rank}: {item}" for rank, item in enumerate(everyone))
+        raise DistributedOperationException(
+            f"{operation} needs tensors of matching shapes on every process, got {listing}."
+        )
 
 
 def use_collectives(collectives: Collectives) -> Collectives:
@@ -100,6 +141,7 @@ def gather(data: Any) -> Any:
     """
     if world_size() == 1:
         return apply_to_tensors(lambda t: t if t.ndim else t[None], data, strict="gather")
+    _verify(data, "gather", ignore_dim=0)
     return apply_to_tensors(_gather_one, data, strict="gather")
 
 
@@ -123,6 +165,7 @@ def reduce(data: Any, reduction: str = "sum", scale: float = 1.0) -> Any:
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction={reduction!r}; choose one of {', '.join(REDUCTIONS)}.")
     n = world_size()
+    _verify(data, "reduce")
 
     def reduce_one(tensor: torch.Tensor) -> torch.Tensor:
         out = tensor.clone()
@@ -146,6 +189,7 @@ def pad_across_processes(
     `pad_first=True`), so the results can then be gathered.
     """
     n = world_size()
+    _verify(data, "pad_across_processes", ignore_dim=dim)
 
     def pad_one(tensor: torch.Tensor) -> torch.Tensor:
         if n == 1 or tensor.ndim == 0 or not -tensor.ndim <= dim < tensor.ndim:
@@ -170,6 +214,7 @@ def broadcast(data: Any, from_process: int = 0) -> Any:
     """Overwrite each tensor of `data` with its value on `from_process`; returns `data`."""
     if world_size() == 1:
         return data
+    _verify(data, "broadcast")
 
     def broadcast_one(tensor: torch.Tensor) -> torch.Tensor:
         moved = _collectives.broadcast(tensor, from_process)

@@ -15,12 +15,35 @@ import torch
 
 @dataclass
 class GradientState:
-    """Accumulation bookkeeping shared by one Accelerator and what it prepared."""
+    """Accumulation bookkeeping shared by one Accelerator and what it prepared
+    (Accelerate's `GradientState`: `accelerator.gradient_state`).
+
+    Each Accelerator has its own, so `GradientState._reset_state()` has nothing
+    to forget; it exists for code written for Accelerate.
+    """
 
     num_steps: int = 1
     sync_gradients: bool = True
     # The prepared DataLoaders being iterated, innermost last.
     active_dataloaders: list = field(default_factory=list)
+    # GradientAccumulationPlugin's switches
+    sync_with_dataloader: bool = True
+    adjust_scheduler: bool = True
+    sync_each_batch: bool = False
+
+    @classmethod
+    def _reset_state(cls) -> None:
+        """Nothing to forget: the state lives in each Accelerator."""
+
+    @property
+    def active_dataloader(self) -> Any:
+        """The prepared DataLoader being iterated (the innermost), or None."""
+        return self.active_dataloaders[-1] if self.active_dataloaders else None
+
+    @property
+    def in_dataloader(self) -> bool:
+        """True while a prepared DataLoader is being iterated."""
+        return bool(self.active_dataloaders)
 
     @property
     def end_of_dataloader(self) -> bool:

@@ -20,8 +20,8 @@ from notebook_accel import (
     set_progress_hook,
     set_seed,
 )
-from notebook_accel.accelerator import _split
 from notebook_accel.data import DataLoaderShard
+from notebook_accel.state import split_between as _split
 from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler
 
 LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", *LaunchSettings().to_env())
@@ -280,8 +280,10 @@ def test_dataloader_config_options_reach_the_loader():
     assert first != second  # a new order each epoch
     loader.set_epoch(0)
     assert [b[0].tolist() for b in loader] == first
-    with pytest.raises(ValueError, match="dispatch_batches"):
-        DataLoaderConfiguration(dispatch_batches=True)
+    # dispatch_batches=True is accepted: each process reads what it would be sent
+    dispatched = Accelerator(dataloader_config=DataLoaderConfiguration(dispatch_batches=True))
+    plain = DataLoader(TensorDataset(torch.arange(10)), batch_size=5)
+    assert [b[0].tolist() for b in dispatched.prepare(plain)] == [[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]]
 
 
 def test_fp8_on_an_older_gpu_names_each_missing_piece(monkeypatch):

@@ -47,6 +47,9 @@ EXPECTED_WITHOUT_GPUS = {
         "rank 0: [0]                          -> [0, -1]",
         "gather: 12 values; gather_for_metrics: 10 values",
         "one per sample: True",
+        "rank 1 answers ['prompt 4', 'prompt 5', 'prompt 6', 'prompt 6']",
+        "answers in order: True",
+        "in the kernel: 1 process, ['PROMPT 0', 'PROMPT 1']",
     ],
     "06_checkpoint_resume.ipynb": [
         "resumed from checkpoint_1 after step 8, in epoch 2",

@@ -1,0 +1,61 @@
+"""Functional collectives and helpers under Accelerate's `accelerate.utils` names.
+
+`from notebook_accel.utils import gather, broadcast, ...` works where a
+notebook wrote `from accelerate.utils import ...`. The collectives are those of
+`notebook_accel.ops` (nested lists, tuples and dicts of tensors; no-ops in one
+process); configuration classes come from `notebook_accel.kwargs`. Names are
+imported on first use, so importing this module costs nothing.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+# public name -> module that defines it
+_EXPORTS = {
+    "gather": "notebook_accel.ops",
+    "gather_object": "notebook_accel.ops",
+    "broadcast": "notebook_accel.ops",
+    "broadcast_object_list": "notebook_accel.ops",
+    "reduce": "notebook_accel.ops",
+    "pad_across_processes": "notebook_accel.ops",
+    "DistributedOperationException": "notebook_accel.ops",
+    "send_to_device": "notebook_accel.utils_impl",
+    "copy_tensor_to_devices": "notebook_accel.utils_impl",
+    "synchronize_rng_states": "notebook_accel.utils_impl",
+    "synchronize_rng_state": "notebook_accel.utils_impl",
+    "wait_for_everyone": "notebook_accel.utils_impl",
+    "set_seed": "notebook_accel.seeding",
+    "DistributedType": "notebook_accel.platforms",
+    "prepare_data_loader": "notebook_accel.data",
+    "skip_first_batches": "notebook_accel.data",
+    "SeedableRandomSampler": "notebook_accel.data",
+    "AutocastKwargs": "notebook_accel.kwargs",
+    "DataLoaderConfiguration": "notebook_accel.kwargs",
+    "DistributedDataParallelKwargs": "notebook_accel.kwargs",
+    "FullyShardedDataParallelPlugin": "notebook_accel.kwargs",
+    "GradientAccumulationPlugin": "notebook_accel.kwargs",
+    "GradScalerKwargs": "notebook_accel.kwargs",
+    "InitProcessGroupKwargs": "notebook_accel.kwargs",
+    "ProjectConfiguration": "notebook_accel.kwargs",
+    "TorchDynamoPlugin": "notebook_accel.kwargs",
+}
+
+__all__ = sorted(_EXPORTS)
+
+if TYPE_CHECKING:
+    pass
+
+
+def __getattr__(name: str) -> Any:
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'notebook_accel.utils' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
