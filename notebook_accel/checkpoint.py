@@ -21,9 +21,13 @@ the directory into place. A process killed during a save therefore leaves the
 previous checkpoints as they were, and a half-written directory is never taken
 for a checkpoint.
 
-Loading reads and checks every file on every rank before anything is changed;
-if any rank finds a problem, every rank raises `CheckpointError` and no state
-is overwritten.
+`checkpoint.json` records each file's size and CRC-32 (zlib's, computed from
+the bytes on their way to the disk: see notebook_accel/checksums.py).
+Loading reads and checks every file on every rank before anything is changed,
+its checksum included, so a file whose bytes changed but whose size did not
+is named too; if any rank finds a problem, every rank raises
+`CheckpointError` and no state is overwritten. Checkpoints written before
+checksums were recorded load with the size check only.
 
 A sharded checkpoint also loads on a different number of processes (one
 model or the whole weights, as each rank needs them); the random generators
@@ -44,6 +48,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -51,6 +56,12 @@ from typing import Any
 import torch
 
 from notebook_accel import fsdp, ops
+from notebook_accel.checksums import (
+    ChecksummingFile,
+    file_checksum,
+    safetensors_checksum,
+    tensor_checksums,
+)
 from notebook_accel.kwargs import ProjectConfiguration
 from notebook_accel.nested import to_cpu
 from notebook_accel.registry import TrainingObjects
@@ -67,6 +78,11 @@ _NUMBERED = re.compile(r"checkpoint_(\d+)")
 # Called with each file's path right after a save has written it. Tests set it
 # to stop a process between two files of a save.
 after_file_written: Callable[[Path], None] | None = None
+
+# The checksums of files this process wrote in the current save, computed while
+# each was written: path -> (size, modification time in ns, "crc32:..."). The
+# manifest takes them from here, and computes the rest (other ranks' files).
+_written_checksums: dict[Path, tuple[int, int, str]] = {}
 
 
 class CheckpointError(ValueError):
@@ -141,6 +157,7 @@ def save_state(
     """Write the whole training state of every rank atomically; returns the directory."""
     target = _save_target(run, output_dir)
     partial = target.parent / f".{target.name}.partial"
+    _written_checksums.clear()  # only this save's files are looked up
     if run.is_main_process:
         _finish_interrupted_swap(target)
         _fresh_directory(partial)
@@ -264,11 +281,9 @@ def _numbered(name: str, index: int) -> str:
 
 
 def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False) -> None:
-    files = {
-        path.relative_to(folder).as_posix(): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
-    }
+    paths = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+    files = {path.relative_to(folder).as_posix(): path.stat().st_size for path in paths}
+    checksums = {path.relative_to(folder).as_posix(): _saved_checksum(path) for path in paths}
     for rank in range(run.num_processes):
         for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
             if name not in files:
@@ -281,6 +296,7 @@ def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False)
         "iteration": run.project.iteration,
         **run.objects.counts(),  # load_state refuses a run with other objects
         "files": files,
+        "checksums": checksums,
     }
     _write_file(folder / MANIFEST, manifest, _write_json)
 
@@ -314,8 +330,12 @@ def _rotate(run: CheckpointContext, folder: Path) -> None:
 def _write_file(path: Path, obj: Any, write: Callable[[Any, Any], None]) -> None:
     """Write `obj` to `path` with `write(obj, file)`, then flush it to disk."""
     with open(path, "wb") as file:
-        write(obj, file)
-    _finish(path)
+        summed = ChecksummingFile(file)
+        try:
+            write(obj, summed)
+        finally:
+            summed.close()
+    _finish(path, summed.checksum())
 
 
 def _write_json(obj: Any, file: Any) -> None:
@@ -328,16 +348,33 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> 
         return
     from safetensors.torch import save_file
 
-    # "format": "pt" is what Hugging Face loaders expect in the header.
-    save_file(tensors, path, metadata={"format": "pt"})
-    _finish(path)
+    # The tensors are summed in memory while safetensors writes them.
+    with ThreadPoolExecutor(1, thread_name_prefix="notebook_accel-checksum") as pool:
+        summing = pool.submit(tensor_checksums, tensors)
+        # "format": "pt" is what Hugging Face loaders expect in the header.
+        save_file(tensors, path, metadata={"format": "pt"})
+        sums = summing.result()
+    _finish(path, safetensors_checksum(path, sums))
 
 
-def _finish(path: Path) -> None:
-    """Flush a written file to disk (a crash after the rename must not leave it empty)."""
+def _finish(path: Path, checksum: str | None = None) -> None:
+    """Flush a written file to disk (a crash after the rename must not leave it empty),
+    and keep its checksum for the manifest."""
     _fsync(path)
+    if checksum is not None:
+        stat = path.stat()
+        _written_checksums[path.absolute()] = (stat.st_size, stat.st_mtime_ns, checksum)
     if after_file_written is not None:
         after_file_written(path)
+
+
+def _saved_checksum(path: Path) -> str:
+    """The checksum `_finish` computed for `path`, if the file is still as it was then."""
+    stat = path.stat()
+    known = _written_checksums.pop(path.absolute(), None)
+    if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
+        return known[2]
+    return file_checksum(path)
 
 
 def _fsync(path: Path) -> None:
@@ -487,7 +524,7 @@ def _load_source(run: CheckpointContext, input_dir: str | os.PathLike | None) ->
 def _read(run: CheckpointContext, folder: Path) -> _Checkpoint:
     manifest = _read_manifest(folder)
     _check_setup(run, folder, manifest)
-    _check_sizes(folder, manifest["files"])
+    _check_files(folder, manifest["files"], manifest.get("checksums", {}))
     rank = run.process_index
     checkpoint = _Checkpoint(folder, manifest)
     sharded = manifest.get("sharded", False)  # then read by _apply, through DCP
@@ -547,7 +584,8 @@ def _check_setup(run: CheckpointContext, folder: Path, manifest: dict) -> None:
             )
 
 
-def _check_sizes(folder: Path, files: dict[str, int]) -> None:
+def _check_files(folder: Path, files: dict[str, int], checksums: dict[str, str]) -> None:
+    """Every file is there, with its size and (where recorded) its checksum."""
     for name, size in files.items():
         path = folder / name
         if not path.is_file():
@@ -555,6 +593,14 @@ def _check_sizes(folder: Path, files: dict[str, int]) -> None:
         if path.stat().st_size != size:
             raise CheckpointError(
                 f"{path} is corrupted: {path.stat().st_size} bytes, {size} when it was saved"
+            )
+    for name, saved in checksums.items():
+        path = folder / name
+        found = file_checksum(path)
+        if found != saved:
+            raise CheckpointError(
+                f"{path} is corrupted: its checksum is {found}, {saved} when it was saved "
+                "(its bytes changed since; restore it or load another checkpoint)"
             )
 
 

@@ -68,3 +68,19 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def open_fds_once_back_to(expected: set[int], seconds: float = 5.0) -> set[int]:
+    """This process's open descriptors once they equal `expected`, or after `seconds`
+    (a background thread, such as one importing modules after a run, may hold a
+    file open for a moment)."""
+    import os
+    import time
+
+    def now() -> set[int]:
+        return {int(name) for name in os.listdir("/proc/self/fd")}
+
+    deadline = time.monotonic() + seconds
+    while now() != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return now()

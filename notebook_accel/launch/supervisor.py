@@ -4,8 +4,10 @@ The launching process waits on one selector for everything a worker can do:
 write output, send an event down its channel, or exit (its sentinel).
 Nothing blocks without a deadline, and `stop()` always leaves no worker
 behind: SIGTERM, a short grace period, then SIGKILL, as
-torch.distributed.elastic does. What runs inside each worker is
-launch/worker.py.
+torch.distributed.elastic does. Each worker leads its own process group, and
+`stop()` kills those groups too, so what a worker started goes with it; a
+janitor process (launch/forking.py) does the same if this process dies. What
+runs inside each worker is launch/worker.py.
 """
 
 from __future__ import annotations
@@ -34,6 +36,16 @@ from notebook_accel.launch.events import (
     WorkerExited,
     WorkerRaised,
 )
+from notebook_accel.launch.forking import (
+    Janitor,
+    StopOnInterrupt,
+    close_parent_only,
+    guarded,
+    interrupts_deferred,
+    kill_group,
+    parent_only,
+    parent_only_fds,
+)
 
 # Imported here, in the launching process, so that forked workers inherit
 # the child's runtime and what it imports instead of each importing them
@@ -47,8 +59,11 @@ SETTLE_SECONDS = 0.25
 TERMINATE_GRACE_SECONDS = 0.8
 # After SIGKILL, how long to wait for the kernel to reap a worker.
 KILL_REAP_SECONDS = 10.0
-# How often the supervisor samples each worker's memory for live views.
+# How often the supervisor samples each worker's memory for live views, and
+# looks for an exit its sentinel did not show.
 RESOURCE_SAMPLE_SECONDS = 1.0
+# How long an exiting worker may take to become reportable after its sentinel closed.
+EXIT_STATUS_SECONDS = 1.0
 
 Emit = Callable[[RunEvent], None]
 
@@ -70,6 +85,14 @@ class StopSignal:
                 self._set = True
                 os.write(self._write, b"x")
 
+    def set_from_signal_handler(self) -> None:
+        """`set()` without the lock, for a signal handler: the thread it interrupts
+        may hold the lock. Such a handler is removed before `close()`."""
+        if not self._set and not self._closed:
+            self._set = True
+            with contextlib.suppress(OSError):
+                os.write(self._write, b"x")
+
     def is_set(self) -> bool:
         """Whether `set()` was called."""
         return self._set
@@ -85,6 +108,48 @@ class StopSignal:
                 self._closed = True
                 os.close(self._read)
                 os.close(self._write)
+
+
+@contextlib.contextmanager
+def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
+    """While the block runs, a stop press (SIGINT) sets a StopSignal instead of raising.
+
+    Yields `stop`, or in the main thread a new StopSignal when none was given.
+    The launch raises KeyboardInterrupt itself once it sees the signal, and
+    tears down with no interrupt able to cut that short; a press that the
+    block did not turn into KeyboardInterrupt (during teardown, or after the
+    workers finished) is raised at the end, and wins over another error. The
+    previous handler is back in place when the block ends. Other threads
+    cannot receive signals: they get `stop` as it is.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    early: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: early.append(signum))
+    catcher: StopOnInterrupt | None = None
+    own = stop is None
+    try:
+        if own:
+            stop = StopSignal()
+        catcher = StopOnInterrupt(stop.set_from_signal_handler)
+        signal.signal(signal.SIGINT, catcher)
+        if early:
+            catcher(signal.SIGINT, None)
+        yield stop
+    except KeyboardInterrupt:
+        raise
+    except BaseException as error:
+        signal.signal(signal.SIGINT, previous)
+        if catcher is not None and catcher.pressed:
+            raise KeyboardInterrupt("the run was stopped") from error
+        raise
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if own and stop is not None:
+            stop.close()
+    if catcher.pressed or early:
+        raise KeyboardInterrupt("the run was stopped")
 
 
 class LineBuffer:
@@ -129,6 +194,8 @@ class WorkerGroup:
 
     Every event (a worker's output lines, what it sends down its channel,
     memory samples, exits) goes to `emit`, in the launching thread.
+    `close_in_workers` is kept for callers that list descriptors themselves;
+    every descriptor registered with `forking.parent_only` is closed anyway.
     """
 
     def __init__(
@@ -145,20 +212,25 @@ class WorkerGroup:
         self.workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
+        self._next_exit_check = 0.0
         if stop is not None:
             self._selector.register(stop.fileno(), selectors.EVENT_READ)
         self._pipes: dict[int, _Pipe] = {}
         self._sentinels: dict[int, _Worker] = {}
         self._stopped = False
+        self._janitor = Janitor()
 
     # -- starting --------------------------------------------------------------
 
     def start(self) -> None:
-        """Fork one worker per local rank."""
+        """Fork the janitor, then one worker per local rank."""
         context = multiprocessing.get_context("fork")
         # An interrupt between a fork and the bookkeeping would leave a worker
         # that stop() does not know about: it waits until every worker is known.
-        with _interrupts_deferred():
+        # The fork lock keeps another launch's thread out of store creation and
+        # name lookups while these forks copy the process.
+        with guarded():
+            self._janitor.start()
             for local_rank in range(self.spec.local_world_size):
                 self._start_one(context, local_rank)
 
@@ -166,9 +238,12 @@ class WorkerGroup:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         chan_r, chan_w = os.pipe()
-        # The child must not hold the read ends of any pipe, or the pipes of the
-        # workers started before it.
-        inherited = [out_r, err_r, chan_r, *self._pipes, *self.close_in_workers]
+        for fd in (out_r, err_r, chan_r):
+            parent_only(fd)
+        # The child must hold no read end of any pipe (its own, those of the
+        # workers started before it, those of another launch), nor a socket or
+        # janitor pipe of this process.
+        inherited = sorted({*parent_only_fds(), *self.close_in_workers})
         process = context.Process(
             target=worker_main,
             args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
@@ -179,11 +254,15 @@ class WorkerGroup:
             process.start()
         except BaseException:
             for fd in (out_r, err_r, chan_r):
-                os.close(fd)
+                close_parent_only(fd)
             raise
         finally:
             for fd in (out_w, err_w, chan_w):
                 os.close(fd)
+        # The worker makes itself a group leader too; both, so that neither order wins a race.
+        with contextlib.suppress(OSError):
+            os.setpgid(process.pid, process.pid)
+        self._janitor.watch(process.pid)
         worker = _Worker(self.spec.global_rank(local_rank), local_rank, process)
         self.workers.append(worker)
         self._watch(out_r, _Pipe(worker, "stdout"))
@@ -212,6 +291,7 @@ class WorkerGroup:
             if self.stop_signal is not None and self.stop_signal.is_set():
                 raise KeyboardInterrupt("the run was stopped")
             self._poll(until=settle_until if settle_until is not None else deadline)
+            self._reap_unseen_exits()
             if settle_until is None and self._failed_workers():
                 settle_until = time.monotonic() + SETTLE_SECONDS
         failures = self._failed_workers()
@@ -230,6 +310,20 @@ class WorkerGroup:
             self._handle(key.fd)
         if time.monotonic() >= self._next_sample:
             self._sample_resources()
+
+    def _reap_unseen_exits(self) -> None:
+        """Exits whose sentinel never became readable (a process forked elsewhere
+        while the sentinel pipe was being made holds its write end): asked of the
+        operating system, at most once per sample period."""
+        if time.monotonic() < self._next_exit_check:
+            return
+        self._next_exit_check = time.monotonic() + RESOURCE_SAMPLE_SECONDS
+        for worker in self.workers:
+            if worker.exitcode is None and worker.process.exitcode is not None:
+                for fd in [fd for fd, owner in self._sentinels.items() if owner is worker]:
+                    self._selector.unregister(fd)
+                    del self._sentinels[fd]
+                self._on_exit(worker)
 
     def _sample_resources(self) -> None:
         self._next_sample = time.monotonic() + RESOURCE_SAMPLE_SECONDS
@@ -279,7 +373,7 @@ class WorkerGroup:
     def _close(self, fd: int) -> None:
         pipe = self._pipes.pop(fd)
         self._selector.unregister(fd)
-        os.close(fd)
+        close_parent_only(fd)
         self._emit_lines(pipe, pipe.lines.flush())  # a last line without a newline
 
     def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
@@ -301,7 +395,15 @@ class WorkerGroup:
         self.emit(event)
 
     def _on_exit(self, worker: _Worker) -> None:
-        worker.process.join(timeout=1.0)
+        # The sentinel closes while the process exits, a moment before waitpid can
+        # report it (Process.join then returns with no exit code): wait for that
+        # moment. If it has not come within EXIT_STATUS_SECONDS, the next
+        # _reap_unseen_exits records the exit instead of the run waiting forever.
+        deadline = time.monotonic() + EXIT_STATUS_SECONDS
+        while worker.process.exitcode is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        if worker.process.exitcode is None:
+            return
         worker.exitcode = worker.process.exitcode
         worker.noticed_at = time.time()
         # What the worker wrote before exiting is already in the pipes.
@@ -339,21 +441,28 @@ class WorkerGroup:
 
     def stop(self) -> None:
         """Terminate every worker still running and release every resource (once)."""
-        if self._stopped:
-            return
-        self._stopped = True
-        with _interrupts_deferred():
+        with interrupts_deferred():
+            if self._stopped:
+                return
             self._terminate()
+            self._stopped = True
 
     def _terminate(self) -> None:
         alive = [w for w in self.workers if w.process.exitcode is None]
         # Listed before the workers go: their children are re-parented after.
+        # (Those in a worker's process group go with it; this finds the ones
+        # that left it, started while the worker ran.)
         descendants = _descendants([w.process.pid for w in alive])
         _end_processes(alive)
+        # What the workers started, including the children of a worker that
+        # exited by itself (re-parented, but still in its process group).
+        for worker in self.workers:
+            kill_group(worker.process.pid, signal.SIGKILL)
         for process in descendants:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         self._collect_remains()
+        self._janitor.close()
         self._selector.close()
 
     def _collect_remains(self) -> None:
@@ -371,8 +480,9 @@ class WorkerGroup:
 
 def _end_processes(workers: list[_Worker]) -> None:
     """SIGTERM, a grace period, SIGKILL, and a bounded wait for the kernel to reap them."""
-    for worker in workers:
-        _signal(worker.process.pid, signal.SIGTERM)
+    for worker in workers:  # the whole group: what the worker started may clean up too
+        kill_group(worker.process.pid, signal.SIGTERM)
+        _signal(worker.process.pid, signal.SIGTERM)  # in case it is not its group's leader yet
     _wait_for_exit(workers, TERMINATE_GRACE_SECONDS)
     for worker in workers:
         if worker.process.exitcode is None:
@@ -382,27 +492,8 @@ def _end_processes(workers: list[_Worker]) -> None:
     _wait_for_exit(workers, KILL_REAP_SECONDS)
 
 
-@contextlib.contextmanager
-def _interrupts_deferred() -> Iterator[None]:
-    """Hold a notebook's interrupt (SIGINT) until the block ends, then raise it.
-
-    Blocking the signal with a mask is not enough: it goes to any thread that
-    does not block it (a kernel has several), and Python then raises
-    KeyboardInterrupt in the main thread anyway. So the handler itself is
-    swapped for the block and put back after, exactly as it was. Signals only
-    reach the main thread's handlers, so other threads need nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    pressed: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if pressed:
-        raise KeyboardInterrupt
+# Kept under its old name for code that imported it from here.
+_interrupts_deferred = interrupts_deferred
 
 
 def _signal(pid: int, signum: int) -> None:

@@ -262,3 +262,54 @@ def test_two_workers_save_the_unwrapped_model_once(tmp_path):
     assert sorted(index["weight_map"]) == ["0.bias", "0.weight", "2.bias", "2.weight"]
     fresh = load_model_weights(_model(width=8).requires_grad_(False), tmp_path)
     assert all(torch.equal(a, b) for a, b in zip(_weights(fresh), _weights(_model()), strict=True))
+
+
+@pytest.mark.parametrize("name", ["model.safetensors", "optimizer.bin", "random_states_0.pkl"])
+def test_a_file_whose_bytes_changed_but_not_its_size_is_named(tmp_path, name):
+    accelerator, model, optimizer = _prepared()
+    accelerator.save_state(tmp_path)
+    path = tmp_path / name
+    data = bytearray(path.read_bytes())
+    data[-20] ^= 0x01  # one bit of the data, well past any header
+    path.write_bytes(bytes(data))
+    before = _weights(model)
+    with pytest.raises(
+        CheckpointError, match=rf"{name.replace('.', '[.]')} is corrupted: its checksum"
+    ):
+        accelerator.load_state(tmp_path)
+    assert all(torch.equal(a, b) for a, b in zip(_weights(model), before, strict=True))
+
+
+def test_the_manifest_records_each_file_checksum_as_computed_from_the_file(tmp_path):
+    from notebook_accel.checksums import file_checksum
+
+    accelerator, model, optimizer = _prepared()
+    accelerator.save_state(tmp_path, safe_serialization=False)
+    accelerator.save_state(tmp_path / "safe")
+    for folder in (tmp_path, tmp_path / "safe"):
+        manifest = json.loads((folder / "checkpoint.json").read_text())
+        assert set(manifest["checksums"]) == set(manifest["files"])
+        for name, checksum in manifest["checksums"].items():
+            assert checksum == file_checksum(folder / name), name
+
+
+def test_a_checkpoint_saved_before_checksums_still_loads(tmp_path):
+    accelerator, model, optimizer = _prepared()
+    accelerator.save_state(tmp_path)
+    manifest = json.loads((tmp_path / "checkpoint.json").read_text())
+    del manifest["checksums"]
+    (tmp_path / "checkpoint.json").write_text(json.dumps(manifest))
+    accelerator.load_state(tmp_path)
+
+
+def test_checksums_joined_in_pieces_equal_zlib_over_the_whole():
+    import os
+    import random
+    import zlib
+
+    from notebook_accel.checksums import crc32_combine
+
+    rng = random.Random(7)
+    for _ in range(100):
+        a, b = os.urandom(rng.randint(0, 200)), os.urandom(rng.randint(0, 5000))
+        assert crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)

@@ -109,17 +109,54 @@ def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
     assert live_children() == []
 
 
-def spawns_grandchild_then_fails():
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+def spawns_grandchild_then_fails(folder):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    record_process(folder, child.pid)
     time.sleep(0.3)
     if rank() == 1:
-        raise OSError("disk full")
+        raise OSError("disk full")  # its child is re-parented, out of this test's sight
     time.sleep(600)
 
 
-def test_processes_started_by_workers_are_stopped_too():
+def record_process(folder, pid):
+    """Note a process a worker started, with its start time (pids are reused)."""
+    import psutil
+
+    with open(os.path.join(folder, f"{pid}.pid"), "w") as file:
+        file.write(repr(psutil.Process(pid).create_time()))
+
+
+def recorded_processes_still_running(folder, seconds=5.0):
+    """The processes `record_process` noted that are still running after `seconds`."""
+    import psutil
+
+    recorded = {
+        int(name.split(".")[0]): float(open(os.path.join(folder, name)).read())
+        for name in os.listdir(folder)
+        if name.endswith(".pid")
+    }
+    deadline = time.monotonic() + seconds
+    while True:
+        running = []
+        for pid, created in recorded.items():
+            try:
+                process = psutil.Process(pid)
+                if process.create_time() == created and process.status() != psutil.STATUS_ZOMBIE:
+                    running.append(pid)
+            except psutil.Error:
+                pass
+        if not running or time.monotonic() > deadline:
+            return running
+        time.sleep(0.05)
+
+
+def test_processes_started_by_workers_are_stopped_too(tmp_path):
     with pytest.raises(WorkerError, match="disk full"):
-        notebook_launcher(spawns_grandchild_then_fails, num_processes=2, backend="cpu")
+        notebook_launcher(
+            spawns_grandchild_then_fails, args=(str(tmp_path),), num_processes=2, backend="cpu"
+        )
+    assert len(list(tmp_path.glob("*.pid"))) == 2  # both workers started one
+    assert recorded_processes_still_running(tmp_path, seconds=3) == []
     assert live_children() == []
 
 
@@ -144,3 +181,44 @@ def test_timeout_stops_the_run_and_raises_timeout_error():
     assert live_children() == []
     assert last_run().status == "timed out"
     assert notebook_launcher(sleeps, args=(0,), num_processes=2, backend="cpu") is None
+
+
+LAUNCHER_SCRIPT = """
+import os, subprocess, sys, time
+from notebook_accel import notebook_launcher
+
+def starts_a_child_and_waits(folder):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    for pid in (os.getpid(), child.pid):
+        open(os.path.join(folder, f"{pid}.started"), "w").close()
+    time.sleep(600)
+
+notebook_launcher(starts_a_child_and_waits, args=(sys.argv[1],), num_processes=2,
+                  backend="cpu", live=False)
+"""
+
+
+def test_killing_the_launcher_ends_the_workers_and_what_they_started(tmp_path):
+    import psutil
+
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER_SCRIPT)
+    folder = tmp_path / "pids"
+    folder.mkdir()
+    launcher = subprocess.Popen([sys.executable, str(script), str(folder)])
+    try:
+        deadline = time.monotonic() + 60
+        while len(list(folder.glob("*.started"))) < 4:  # 2 workers, 1 child each
+            assert time.monotonic() < deadline and launcher.poll() is None
+            time.sleep(0.05)
+        # Everything the launch started: workers, their children, the janitor.
+        started = psutil.Process(launcher.pid).children(recursive=True)
+        assert len(started) >= 5
+        launcher.kill()  # as a kernel restart does: no chance to clean up
+        launcher.wait(10)
+        gone, alive = psutil.wait_procs(started, timeout=5)
+        assert alive == [], [(p.pid, p.cmdline()) for p in alive]
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait(10)

@@ -1,6 +1,6 @@
 """Build, once, the virtual environment the XLA CPU-device tests run in.
 
-torch_xla pins its torch (2.9.0 for torch_xla 2.9.0), and PyPI's torch 2.9.0
+torch_xla pins its torch (2.9.0 for torch_xla 2.9.0), and the default torch 2.9.0 wheel
 brings CUDA libraries (several GB), so this environment lives outside the
 checkout, keyed by the versions, and is reused while it still imports:
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -24,12 +23,20 @@ sys.path.insert(0, str(HERE))
 import make_env  # noqa: E402
 
 
-def _pypi_reachable() -> bool:
+def _pip_can_find_torch_xla() -> bool:
+    """Whether pip, with its own configuration (index, extra indexes, find-links,
+    proxy), finds the torch_xla release make_env.py installs: then a failed build
+    is a real failure, not a machine without the package."""
     try:
-        socket.create_connection(("pypi.org", 443), timeout=5).close()
-        return True
-    except OSError:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "index", "versions", "torch_xla"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    except (OSError, subprocess.TimeoutExpired):
         return False
+    return done.returncode == 0 and make_env.TORCH_XLA_VERSION in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -37,10 +44,11 @@ def xla_python() -> Path:
     try:
         return make_env.ensure()
     except (subprocess.CalledProcessError, SystemExit) as error:
-        if not _pypi_reachable():
+        if not _pip_can_find_torch_xla():
             pytest.skip(
-                f"the torch_xla environment cannot be built without network access ({error}); "
-                "run `python tests/xla/make_env.py` where PyPI is reachable"
+                f"the torch_xla environment cannot be built: pip finds no torch_xla "
+                f"{make_env.TORCH_XLA_VERSION} with its configuration ({error}); run "
+                "`python tests/xla/make_env.py` where its package index is reachable"
             )
         raise
 

@@ -1,0 +1,50 @@
+# Two commands on a fresh machine:
+#
+#   make demo    the main job: a small classifier on 2 CPU workers (or every GPU)
+#   make test    the whole test suite, browser tests included
+#
+# Each creates what it needs on first use: .venv with the CPU build of torch
+# first (a plain `torch` requirement would pull the CUDA wheels, several GB),
+# then this package with its dev extras; for the tests also Debian's chromium,
+# through apt when it is missing and this runs as root (or sudo needs no
+# password). `.ci/run` calls `make test` too.
+
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+# 0 lets the browser tests skip where chromium cannot be installed.
+REQUIRE_BROWSER_TESTS ?= 1
+PYTEST_ARGS ?=
+
+.PHONY: demo test env browser
+
+demo: $(VENV)/.installed
+	$(BIN)/python -m notebook_accel.demo
+
+test: $(VENV)/.installed browser
+	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(PYTEST_ARGS)
+
+env: $(VENV)/.installed
+
+# Redone when pyproject.toml changes (a new dependency).
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $@
+
+# Bounded, so that a stuck mirror fails the run instead of hanging it.
+browser:
+	@if [ "$(REQUIRE_BROWSER_TESTS)" = 1 ] && ! command -v chromium >/dev/null; then \
+	    if [ "$$(id -u)" -eq 0 ]; then as_root=""; \
+	    elif sudo -n true 2>/dev/null; then as_root="sudo -n"; \
+	    else echo "chromium is missing and this is not root: install it (apt-get install" \
+	        "chromium), or run 'make test REQUIRE_BROWSER_TESTS=0' to skip the browser tests" >&2; \
+	        exit 1; fi; \
+	    echo "installing chromium for the browser tests"; \
+	    timeout 300 $$as_root apt-get update -qq >/dev/null && \
+	    timeout 600 $$as_root env DEBIAN_FRONTEND=noninteractive \
+	        apt-get install -y -qq --no-install-recommends chromium >/dev/null; \
+	fi

@@ -1,0 +1,259 @@
+"""Forking safely from a busy process: one fork lock, interrupts held, a janitor.
+
+A forked child starts with a copy of every lock as it was at the fork, held
+or not, and only the forking thread. A lock another thread held then stays
+held in the child forever; the child waits on it the first time it needs it
+(seen: c10's monitor mutex taken while another launch created its store,
+glibc's resolver lock taken by a name lookup). So every step of a launch that
+takes such locks (binding the rendezvous port, creating or destroying the
+store, joining a process group in this process) runs under `fork_lock()`,
+and so does every fork; two launches in two threads then never fork while
+the other is inside one of those steps. The lock is re-entrant and is made
+new in a forked child (`os.register_at_fork`), where the copy would be held.
+
+Other `os.register_at_fork(before=...)` hooks (launch/warm.py waits there
+for a background import) run inside `os.fork`, while this lock is held: they
+must not take it themselves.
+
+The file descriptors only the launching process may hold (the read ends of
+the workers' pipes, the rendezvous socket, the janitor's pipe) are listed in
+one registry; every forked child closes them all, so a worker holds its own
+pipes and nothing of another launch's.
+
+A janitor is a tiny process forked before the workers of a launch. The
+launcher sends it each worker's process group down a pipe; when that pipe
+closes (the launch ended, or the launching process died, even by SIGKILL)
+it kills those groups, so nothing a worker started outlives the launch, and
+exits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import select
+import signal
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+# How long the launcher waits for the janitor to exit once told to.
+JANITOR_EXIT_SECONDS = 5.0
+
+_FORK_LOCK = threading.RLock()
+_PARENT_ONLY: set[int] = set()
+
+
+def _new_lock_in_child() -> None:
+    global _FORK_LOCK
+    _FORK_LOCK = threading.RLock()
+    _PARENT_ONLY.clear()
+
+
+os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
+@contextlib.contextmanager
+def fork_lock() -> Iterator[None]:
+    """Hold the process-wide lock that forks and store creation take (re-entrant)."""
+    lock = _FORK_LOCK
+    with lock:
+        yield
+
+
+def parent_only(fd: int) -> None:
+    """Have every child forked from now on close `fd` first thing."""
+    with _FORK_LOCK:
+        _PARENT_ONLY.add(fd)
+
+
+def close_parent_only(fd: int) -> None:
+    """Close `fd`, which `parent_only` listed, and forget it (exactly once)."""
+    with _FORK_LOCK:
+        _PARENT_ONLY.discard(fd)
+        os.close(fd)
+
+
+def forget_parent_only(fd: int) -> None:
+    """Take `fd` off the list without closing it (its owner closes it)."""
+    with _FORK_LOCK:
+        _PARENT_ONLY.discard(fd)
+
+
+def parent_only_fds() -> list[int]:
+    """The descriptors a child forked now must close (call with the fork lock held)."""
+    return sorted(_PARENT_ONLY)
+
+
+class StopOnInterrupt:
+    """The SIGINT handler while a launch runs: a stop press becomes a request.
+
+    Python raises KeyboardInterrupt wherever the main thread happens to be,
+    including the first line of a clean-up function, which then never runs.
+    With this handler in place nothing is raised there: `request()` wakes the
+    launch, which raises KeyboardInterrupt itself at one place, then tears
+    down. Keep `request` free of locks: the handler runs between any two
+    lines of the main thread, maybe one holding that lock.
+    """
+
+    def __init__(self, request: Callable[[], None]) -> None:
+        self.pressed = False
+        self._request = request
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        self.pressed = True
+        self._request()
+
+
+@contextlib.contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Hold a notebook's interrupt (SIGINT) until the block ends, then raise it.
+
+    Blocking the signal with a mask is not enough: it goes to any thread that
+    does not block it (a kernel has several), and Python then raises
+    KeyboardInterrupt in the main thread anyway. So the handler itself is
+    swapped for the block and put back after, exactly as it was. Signals only
+    reach the main thread's handlers, so other threads need nothing; under a
+    `StopOnInterrupt` handler nothing is raised anyway, so it stays.
+    """
+    if threading.current_thread() is not threading.main_thread() or isinstance(
+        signal.getsignal(signal.SIGINT), StopOnInterrupt
+    ):
+        yield
+        return
+    pressed: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pressed.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pressed:
+        raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def guarded() -> Iterator[None]:
+    """Both: no other launch forks, and an interrupt waits, until the block ends."""
+    with interrupts_deferred(), fork_lock():
+        yield
+
+
+def kill_group(pgid: int, signum: int) -> None:
+    """Signal every process of group `pgid`; a group already gone is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, signum)
+
+
+class Janitor:
+    """A process that kills the workers' process groups when the launch ends or dies.
+
+    `start()` forks it (with the fork lock held), `watch(pid)` hands it a
+    worker's group, `close()` tells it to finish and reaps it (bounded).
+    """
+
+    def __init__(self) -> None:
+        self.pid: int | None = None
+        self._write: int | None = None
+
+    def start(self) -> None:
+        """Fork the janitor (call under `guarded()`, before the workers)."""
+        read, write = os.pipe()
+        try:
+            pid = os.fork()
+        except BaseException:
+            os.close(read)
+            os.close(write)
+            raise
+        if pid == 0:  # pragma: no cover - runs in the janitor, which exits
+            _janitor_main(read)
+        os.close(read)
+        self.pid, self._write = pid, write
+        parent_only(write)
+
+    def watch(self, pgid: int) -> None:
+        """Have the janitor kill group `pgid` in the end."""
+        if self._write is not None:
+            with contextlib.suppress(OSError):  # the janitor died: nothing to tell it
+                os.write(self._write, struct.pack("=i", pgid))
+
+    def close(self) -> None:
+        """Close its pipe (it then kills the groups and exits) and reap it (once)."""
+        if self._write is not None:
+            write, self._write = self._write, None
+            close_parent_only(write)
+        if self.pid is None:
+            return
+        pid, self.pid = self.pid, None
+        if _reaped_within(pid, JANITOR_EXIT_SECONDS):
+            return
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)  # SIGKILL ends it at once
+
+
+def _reaped_within(pid: int, seconds: float) -> bool:
+    """Reap child `pid` if it exits within `seconds`; woken by its exit, not by polling.
+
+    A pidfd becomes readable when the process exits (Linux 5.3); elsewhere the
+    wait polls every 5 ms.
+    """
+    deadline = time.monotonic() + seconds
+    pidfd = None
+    with contextlib.suppress(AttributeError, OSError):
+        pidfd = os.pidfd_open(pid)
+    try:
+        while True:
+            with contextlib.suppress(ChildProcessError):
+                if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return False
+                    if pidfd is None:
+                        time.sleep(min(0.005, remaining))
+                    else:
+                        select.select([pidfd], [], [], remaining)
+                    continue
+            return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
+
+
+def _janitor_main(read: int) -> None:  # pragma: no cover - runs in the forked janitor
+    """Read process groups until the pipe closes, kill them, exit. Never returns."""
+    try:
+        # Nothing here may close a descriptor a second time: no collection of
+        # objects that own one, and every inherited descriptor but the pipe shut.
+        gc.disable()
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is the launcher's
+        os.setpgid(0, 0)  # a kill of the kernel's process group must leave it to clean up
+        os.closerange(3, read)
+        os.closerange(read + 1, _max_fd())
+        groups: set[int] = set()
+        pending = b""
+        while True:
+            try:
+                data = os.read(read, 4096)
+            except InterruptedError:
+                continue
+            if not data:
+                break
+            pending += data
+            while len(pending) >= 4:
+                groups.add(struct.unpack("=i", pending[:4])[0])
+                pending = pending[4:]
+        for pgid in groups:
+            kill_group(pgid, signal.SIGKILL)
+    finally:
+        os._exit(0)
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 65536
