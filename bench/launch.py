@@ -1,7 +1,8 @@
 """Launch overhead of 2 CPU workers: notebook_launcher against the references.
 
 For each launcher, the same trivial function (record the time it starts, join
-a gloo process group, one barrier) runs in 2 forked workers. Two figures, the
+a gloo process group, one barrier) runs in 2 forked workers; for notebook_accel
+also as `Accelerator(cpu=True).wait_for_everyone()`, as Accelerate's runs. Two figures, the
 median of several runs measured in this same process:
   to-inside  from the call until every worker is inside the function
   whole      the whole call, until it returns
@@ -55,6 +56,13 @@ def accelerate_fn():
     Accelerator(cpu=True).wait_for_everyone()
 
 
+def ours_accelerator_fn():
+    from notebook_accel import Accelerator
+
+    mark_entry(int(os.environ["RANK"]))
+    Accelerator(cpu=True).wait_for_everyone()
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -63,6 +71,10 @@ def free_port() -> int:
 
 def run_ours() -> None:
     notebook_launcher(ours_fn, num_processes=WORKERS)
+
+
+def run_ours_accelerator() -> None:
+    notebook_launcher(ours_accelerator_fn, num_processes=WORKERS)
 
 
 def run_raw() -> None:
@@ -113,7 +125,11 @@ def main() -> None:
     repeats = parser.parse_args().repeats
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)
-    runs = {"raw fork + gloo": run_raw, "notebook_accel": run_ours}
+    runs = {
+        "raw fork + gloo": run_raw,
+        "notebook_accel": run_ours,
+        "notebook_accel, Accelerator()": run_ours_accelerator,
+    }
     try:
         import accelerate  # noqa: F401
     except ImportError:
@@ -127,7 +143,7 @@ def main() -> None:
     print("| launcher | to inside (ms) | whole call (ms) | whole vs raw | ours faster by |")
     print("|---|---|---|---|---|")
     for name, (inside, whole) in rows.items():
-        faster = f"{whole / ours_whole:.2f}x" if name != "notebook_accel" else "-"
+        faster = f"{whole / ours_whole:.2f}x" if not name.startswith("notebook_accel") else "-"
         print(
             f"| {name} | {inside * 1e3:.1f} | {whole * 1e3:.1f} | "
             f"{whole / raw_whole:.2f}x | {faster} |"
@@ -135,6 +151,11 @@ def main() -> None:
     print(
         f"\nnotebook_accel / raw: to inside {ours_inside / raw_inside:.2f}x, "
         f"whole {ours_whole / raw_whole:.2f}x (goal: within 1.3x)"
+    )
+    accelerator_whole = rows["notebook_accel, Accelerator()"][1]
+    print(
+        f"notebook_accel with Accelerator().wait_for_everyone() / raw, whole call: "
+        f"{accelerator_whole / raw_whole:.2f}x (goal: within 1.3x)"
     )
     if "accelerate" in rows:
         print(

@@ -52,6 +52,15 @@ class PeakResources:
 
 
 @dataclass(frozen=True)
+class ModulesImported:
+    """Modules a worker imported that were not imported when it was forked, in import
+    order, each with its file (None for built-in ones); sent once, at the worker's end."""
+
+    rank: int
+    modules: tuple[tuple[str, str | None], ...]
+
+
+@dataclass(frozen=True)
 class Result:
     """A worker's return value, tensors moved to the CPU."""
 
@@ -119,7 +128,7 @@ class RunEnded:
 
 
 # Events a worker sends down its channel.
-ChannelEvent = MetricRecord | Progress | PeakResources | Result | WorkerRaised
+ChannelEvent = MetricRecord | Progress | PeakResources | ModulesImported | Result | WorkerRaised
 RunEvent = (
     ChannelEvent
     | ResourceSample

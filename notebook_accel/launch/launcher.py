@@ -21,6 +21,7 @@ from notebook_accel.launch.events import (
     RunEnded,
     RunEvent,
 )
+from notebook_accel.launch.forking import forget_parent_only, guarded, parent_only
 from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
 from notebook_accel.launch.options import (
     LaunchConfig,
@@ -31,7 +32,8 @@ from notebook_accel.launch.options import (
 from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
 from notebook_accel.launch.report import RunReport
-from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup
+from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, interrupts_stop
+from notebook_accel.launch.warm import warm_after_run
 
 # The report of the most recently started launch in this process (each run
 # has its own; this is only which one `last_run()` answers with).
@@ -151,13 +153,25 @@ def run_plan(
         if plan.in_process:
             _run_in_process(plan, emit)
         else:
-            _run_workers(plan, emit, stop)
+            # A stop press anywhere in the launch becomes a request the launch
+            # answers with KeyboardInterrupt, after stopping every worker.
+            with interrupts_stop(stop) as stop_or_interrupt:
+                _run_workers(plan, emit, stop_or_interrupt)
     except BaseException as failure:
         error = failure
         raise
     finally:
         emit(RunEnded(error))
+        _warm_next_launch(plan, report)
     return _returned(plan, report.results)
+
+
+def _warm_next_launch(plan: LaunchPlan, report: RunReport) -> None:
+    """Import here what the workers had to import, so the next launch's workers have it."""
+    if plan.in_process:  # the function ran here: whatever it imported is here already
+        report.warming.finish("not needed")
+        return
+    warm_after_run(report.imported_by_workers, report.warming, enabled=plan.warm)
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
@@ -172,15 +186,16 @@ def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
     for attempt in range(plan.max_restarts + 1):
         if stop is not None and stop.is_set():  # Stop pressed while restarting
             raise KeyboardInterrupt("the run was stopped")
-        with _Rendezvous(plan) as rendezvous:
+        with _Rendezvous(plan, forks=True) as rendezvous:
             group = WorkerGroup(
                 plan.worker_spec(rendezvous.port, attempt),
                 emit,
                 stop,
-                close_in_workers=rendezvous.fds(),
             )
             try:
                 emit(AttemptStarted(plan.local_world_size, attempt))
+                if stop is not None and stop.is_set():  # pressed before anything was forked
+                    raise KeyboardInterrupt("the run was stopped")
                 group.start()
                 rendezvous.serve()
                 group.wait(deadline)
@@ -231,49 +246,91 @@ class _Rendezvous:
     thread starts only after they are: a thread running during a fork can hold
     a lock that the child then waits on forever (seen here as a worker stuck
     connecting to the store). Workers retry connecting until it answers.
+
+    Binding, creating the store and destroying it take the fork lock (no
+    other launch forks meanwhile) with interrupts held: a stop press lands
+    before or after each step, never inside one. This object owns the
+    listening socket and closes it once, in `__exit__`; the store gets a
+    duplicate of it, which the store closes itself.
     """
 
-    def __init__(self, plan: LaunchPlan):
+    def __init__(self, plan: LaunchPlan, forks: bool = False):
         self.plan = plan
         self.port = plan.port
+        # Workers are forked while it is open: list its descriptors for them to close.
+        self._forks = forks
         self._socket: socket.socket | None = None
         self._store = None
+        self._store_fd: int | None = None
 
     def __enter__(self) -> _Rendezvous:
         if self.plan.node_rank == 0:
             # On one machine the store answers only there; across machines, on every
             # interface (the others reach it through master_addr).
             host = self.plan.master_addr if self.plan.num_nodes == 1 else ""
-            self._socket = _listening_socket(host, self.plan.port)
-            self.port = self._socket.getsockname()[1]
+            try:
+                with guarded():
+                    self._socket = _listening_socket(host, self.plan.port)
+                    if self._forks:
+                        parent_only(self._socket.fileno())
+                    self.port = self._socket.getsockname()[1]
+            except BaseException:  # a with statement does not call __exit__ for this
+                self.__exit__(None, None, None)
+                raise
         return self
 
     def fds(self) -> list[int]:
-        """File descriptors the forked workers must close."""
+        """File descriptors the forked workers must close (also listed in launch/forking.py)."""
         return [self._socket.fileno()] if self._socket is not None else []
 
     def serve(self) -> None:
-        if self._socket is None:
+        """Start the store on the bound port (after the workers are forked)."""
+        if self._socket is None or self._store is not None:
             return
         from datetime import timedelta
 
         import torch.distributed as dist
 
-        self._store = dist.TCPStore(
-            host_name=self.plan.master_addr,
-            port=self.port,
-            is_master=True,
-            wait_for_workers=False,
-            timeout=timedelta(seconds=self.plan.rendezvous_timeout),
-            master_listen_fd=self._socket.fileno(),
-        )
-        self._socket.detach()  # the store owns the socket now and closes it
-        self._socket = None
+        with guarded():
+            listen_fd = os.dup(self._socket.fileno())
+            try:
+                self._store = dist.TCPStore(
+                    host_name=self.plan.master_addr,
+                    port=self.port,
+                    is_master=True,
+                    wait_for_workers=False,
+                    timeout=timedelta(seconds=self.plan.rendezvous_timeout),
+                    master_listen_fd=listen_fd,
+                )
+            except BaseException:
+                _close_if_still_a_copy(listen_fd, self._socket)
+                raise
+            if self._forks:  # closed by the store; the workers of a later launch skip it
+                self._store_fd = listen_fd
+                parent_only(listen_fd)
 
     def __exit__(self, *exc_info: Any) -> None:
-        self._store = None  # stops the server thread
-        if self._socket is not None:
-            self._socket.close()
+        with guarded():
+            self._store = None  # stops the server thread, which closes its descriptor
+            if self._store_fd is not None:
+                forget_parent_only(self._store_fd)
+                self._store_fd = None
+            if self._socket is not None:
+                listener, self._socket = self._socket, None
+                if self._forks:
+                    forget_parent_only(listener.fileno())
+                listener.close()
+
+
+def _close_if_still_a_copy(fd: int, listener: socket.socket) -> None:
+    """Close `fd`, the copy of `listener` handed to a store that failed, unless the
+    store closed it already (the number may then name another file: left alone)."""
+    try:
+        mine, theirs = os.fstat(listener.fileno()), os.fstat(fd)
+    except OSError:
+        return
+    if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
+        os.close(fd)
 
 
 def _listening_socket(host: str, port: int | None) -> socket.socket:

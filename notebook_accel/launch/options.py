@@ -15,6 +15,7 @@ import dataclasses
 import difflib
 import inspect
 import os
+import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -144,6 +145,13 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
+def _yes_no(text: str) -> bool:
+    answer = text.strip().lower()
+    if answer not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
+        raise ValueError(f"expected true or false, got {text!r}")
+    return answer in ("true", "yes", "on", "1")
+
+
 def _index_list(text: str) -> list[int]:
     return [int(part) for part in text.split(",") if part.strip()]
 
@@ -268,6 +276,16 @@ OPTIONS: dict[str, Option] = {
             "bool | dict | None",
         ),
         Option(
+            "warm",
+            True,
+            "after a run, import in this process (in the background) the device-free "
+            "modules the workers had to import themselves, so that the next launch's "
+            "workers start with them; last_run().warming says what and what it cost",
+            _flag,
+            "bool",
+            parse=_yes_no,
+        ),
+        Option(
             "return_all",
             False,
             "return every worker's value on this machine as a list ordered by rank",
@@ -284,6 +302,15 @@ OPTIONS: dict[str, Option] = {
             "str",
             saved=False,
             choices=OUTPUT_CHOICES,
+        ),
+        Option(
+            "oversubscribe",
+            False,
+            "start CPU workers even beyond 8 per core, which is refused otherwise "
+            "(more GPU or TPU workers than devices cannot run and is always refused)",
+            _flag,
+            "bool",
+            parse=_yes_no,
         ),
         Option(
             "threads_per_process",
@@ -324,15 +351,29 @@ def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -
             continue
         if name in ACCELERATE_ONLY:
             if value != ACCELERATE_ONLY[name]:
-                raise ValueError(
-                    f"{name}={value!r} is an Accelerate option notebook_accel does not use: "
-                    "it always meets at a static rendezvous hosted by the launching process. "
-                    f"Remove {name}."
-                )
+                _warn_ignored(name, value)
             continue
         close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
         hint = f" Did you mean {close[0]!r}?" if close else ""
         raise TypeError(f"{caller} got an unknown option {name!r}.{hint}")
+
+
+_warned_ignored: set[str] = set()
+
+
+def _warn_ignored(name: str, value: Any) -> None:
+    """Accelerate's rendezvous and monitoring options change nothing in a fork launcher
+    (workers always meet at a static rendezvous the launching process hosts, and are
+    watched continuously): a notebook that sets them runs, told once per option."""
+    if name in _warned_ignored:
+        return
+    _warned_ignored.add(name)
+    warnings.warn(
+        f"notebook_launcher ignores {name}={value!r}: workers meet at a rendezvous hosted by "
+        "the launching process and are watched continuously, so it changes nothing here.",
+        UserWarning,
+        stacklevel=4,
+    )
 
 
 def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,9 @@ from notebook_accel.platforms import Hardware, Platform, default_platform, platf
 from notebook_accel.platforms import detect_hardware as detect
 
 DEFAULT_MULTINODE_PORT = 29500
+# CPU workers per core beyond which a launch is refused unless oversubscribe=True:
+# far past this, a mistyped count (10**6) would fork until the machine gives out.
+CPU_WORKERS_PER_CORE_LIMIT = 8
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class LaunchPlan:
     # A single worker runs in this process unless a caller (the panel, which
     # must be able to stop it) asks for a worker process anyway.
     single_in_process: bool = True
+    # Import here, after the run, what the workers imported (launch/warm.py).
+    warm: bool = True
 
     @property
     def world_size(self) -> int:
@@ -94,6 +99,7 @@ class LaunchPlan:
                 local_rank, self.devices
             ),
             run=self.platform.run_in_worker,
+            report_imports=self.warm,
         )
 
 
@@ -142,6 +148,7 @@ def plan_launch(
         output=values["output"],
         threads_per_process=values["threads_per_process"] or 1,
         single_in_process=single_in_process and platform.single_worker_in_process,
+        warm=values["warm"],
     )
     _check_how_it_runs(plan)
     return plan
@@ -173,7 +180,13 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
         num_processes = platform.default_num_processes(hardware)
         if num_processes < 1:
             raise RuntimeError(f"this machine has no {platform.device_noun} to run on.")
-    _check_devices_fit(platform, num_processes, devices, platform.device_count(hardware))
+    _check_devices_fit(
+        platform,
+        num_processes,
+        devices,
+        platform.device_count(hardware),
+        oversubscribe=values.get("oversubscribe", False),
+    )
     return platform, platform.worker_processes(num_processes, hardware)
 
 
@@ -264,7 +277,11 @@ def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -
 
 
 def _check_devices_fit(
-    platform: Platform, wanted: int, devices: list[int] | None, available: int
+    platform: Platform,
+    wanted: int,
+    devices: list[int] | None,
+    available: int,
+    oversubscribe: bool = False,
 ) -> None:
     noun = platform.device_noun
     if devices is not None and max(devices) >= available:
@@ -278,6 +295,13 @@ def _check_devices_fit(
         f"num_processes={wanted} asks for one {noun} per worker, but this machine has {available}"
     )
     if platform.oversubscription_allowed():
+        limit = CPU_WORKERS_PER_CORE_LIMIT * max(available, 1)
+        if wanted > limit and not oversubscribe:
+            raise ValueError(
+                f"{message}: more than {CPU_WORKERS_PER_CORE_LIMIT} workers per {noun} would "
+                f"crowd the machine out, so nothing was started. Pass num_processes={limit} "
+                "or fewer, or oversubscribe=True if you really mean it."
+            )
         warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=5)
         return
     raise ValueError(f"{message}. Pass num_processes={available} or fewer.")

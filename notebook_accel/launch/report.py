@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from notebook_accel.launch.events import (
     AttemptStarted,
     MetricRecord,
+    ModulesImported,
     OutputLine,
     PeakResources,
     Progress,
@@ -27,6 +28,7 @@ from notebook_accel.launch.events import (
     WorkerExited,
 )
 from notebook_accel.launch.observers import rank_prefix
+from notebook_accel.launch.warm import Warming
 
 if TYPE_CHECKING:
     from notebook_accel.launch.preflight import LaunchPlan
@@ -50,7 +52,10 @@ class RunReport:
     (`step`, `total`, `elapsed`); `results` the values workers returned
     (tensors on the CPU). For views it also keeps each rank's status, the
     latest value of every metric, the chart's curves (thinned) and the newest
-    log lines.
+    log lines. `imported_by_workers` maps each module a worker had to import
+    itself to its file; `warming` says which of them this process imported
+    afterwards for the next launch, what that cost and what was skipped
+    (launch/warm.py; filled in by a background thread, see `Warming.wait`).
     """
 
     status: str = "starting"  # starting, running, finished, failed, stopped, timed out
@@ -73,6 +78,8 @@ class RunReport:
     latest: dict[str, float | str] = field(default_factory=dict)
     curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES), repr=False)
+    imported_by_workers: dict[str, str | None] = field(default_factory=dict, repr=False)
+    warming: Warming = field(default_factory=Warming)
 
     @classmethod
     def for_plan(cls, plan: LaunchPlan, started_at: float = 0.0) -> RunReport:
@@ -136,6 +143,10 @@ class RunReport:
         figures["peak_rss_bytes"] = max(figures.get("peak_rss_bytes", 0), event.peak_rss_bytes)
         if event.peak_gpu_bytes is not None:
             figures["peak_gpu_bytes"] = max(figures.get("peak_gpu_bytes", 0), event.peak_gpu_bytes)
+
+    def _modules_imported(self, event: ModulesImported) -> None:
+        for name, origin in event.modules:
+            self.imported_by_workers.setdefault(name, origin)
 
     def _result(self, event: Result) -> None:
         self.results[event.rank] = event.value
@@ -205,6 +216,7 @@ _FOLDS: dict[type, Callable[[RunReport, Any], None]] = {
     Progress: RunReport._progress,
     ResourceSample: RunReport._resource_sample,
     PeakResources: RunReport._peak_resources,
+    ModulesImported: RunReport._modules_imported,
     Result: RunReport._result,
     WorkerExited: RunReport._worker_exited,
     Restarting: RunReport._restarting,

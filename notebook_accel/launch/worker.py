@@ -32,7 +32,14 @@ from notebook_accel import metrics, progress  # noqa: F401
 from notebook_accel.config import ENV_BACKEND
 from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.launch.destination import Destination, sending_to
-from notebook_accel.launch.events import PeakResources, Progress, Result, WorkerRaised
+from notebook_accel.launch.events import (
+    ModulesImported,
+    PeakResources,
+    Progress,
+    Result,
+    WorkerRaised,
+)
+from notebook_accel.launch.warm import imported_since
 from notebook_accel.nested import to_cpu
 from notebook_accel.platforms import PLATFORMS
 
@@ -57,6 +64,8 @@ class WorkerSpec:
     # local_world_size) -> value. The XLA backend runs it as a PJRT process.
     run: Callable[..., Any]
     worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
+    # Send, at the end, the modules the worker imported itself (launch/warm.py).
+    report_imports: bool = False
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.local_world_size + local_rank
@@ -72,9 +81,13 @@ def worker_main(
     parent_pid: int,
 ) -> NoReturn:
     """The first code a forked worker runs. Never returns: it exits the process."""
+    modules_at_fork = len(sys.modules)
     # The launcher owns interrupts: a notebook's stop button signals the whole
     # process group, and the launcher then stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Lead a process group of its own: whatever this worker starts stays in it,
+    # and the launcher (or its janitor) ends the group with the launch.
+    os.setpgid(0, 0)
     _die_with_parent(parent_pid)
     for fd in inherited_fds:
         os.close(fd)
@@ -93,6 +106,8 @@ def worker_main(
     try:
         with sending_to(_channel_destination(channel, spec.global_rank(local_rank))):
             exitcode = _run(spec, local_rank, channel)
+            if spec.report_imports:
+                _send_imported(channel, spec.global_rank(local_rank), modules_at_fork)
     finally:
         try:
             channel.flush()  # metrics still waiting for their batch
@@ -173,6 +188,13 @@ def _send_peak_resources(channel: ChannelWriter, rank: int) -> None:
     try:
         channel.send(peaks)
     except OSError:  # the launcher is already gone; nothing to report to
+        pass
+
+
+def _send_imported(channel: ChannelWriter, rank: int, modules_at_fork: int) -> None:
+    try:
+        channel.send(ModulesImported(rank, imported_since(modules_at_fork)))
+    except Exception:  # noqa: BLE001 - only the next launch's speed depends on it
         pass
 
 

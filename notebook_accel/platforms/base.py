@@ -36,6 +36,16 @@ class DistributedType(str, enum.Enum):
     MULTI_CPU = "MULTI_CPU"
     MULTI_GPU = "MULTI_GPU"
     XLA = "XLA"
+    # Never reported here; defined so that code comparing against them runs.
+    FSDP = "FSDP"
+    DEEPSPEED = "DEEPSPEED"
+    MULTI_XPU = "MULTI_XPU"
+    MULTI_NPU = "MULTI_NPU"
+    MULTI_MLU = "MULTI_MLU"
+    MULTI_SDAA = "MULTI_SDAA"
+    MULTI_MUSA = "MULTI_MUSA"
+    MULTI_HPU = "MULTI_HPU"
+    MULTI_NEURON = "MULTI_NEURON"
 
     def __str__(self) -> str:
         return self.value
@@ -63,6 +73,9 @@ class Platform:
     free_process_count: bool = False
     # Host memory for copies to this device can be pinned (page-locked).
     pins_host_memory: bool = False
+    # Packages (or dotted prefixes) whose import may start this device's runtime:
+    # the launching process never imports them to warm the next launch.
+    device_packages: tuple[str, ...] = ()
 
     # -- the kernel's half: asked before anything starts -------------------------
 
@@ -114,6 +127,11 @@ class Platform:
 
     def check_parent_is_clean(self) -> None:
         """Raise LaunchRefused if this process can no longer fork working workers."""
+
+    def guard_runtime_start(self, refuse: Callable[[], bool]) -> Callable[[], None]:
+        """While `refuse()` is true, make starting this device's runtime raise
+        RuntimeError instead (launch/warm.py imports with it on). Returns the undo."""
+        return lambda: None
 
     def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
         """Extra environment variables for one worker."""

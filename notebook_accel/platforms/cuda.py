@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -30,6 +31,26 @@ class CudaPlatform(Platform):
     device_noun = "GPU"
     chooses_devices = True
     pins_host_memory = True
+    # Libraries that may create a CUDA context or query the driver when imported.
+    device_packages = (
+        "apex",
+        "bitsandbytes",
+        "cuda",
+        "cupy",
+        "cupy_backends",
+        "deepspeed",
+        "flash_attn",
+        "numba.cuda",
+        "nvidia",
+        "pycuda",
+        "tensorrt",
+        "torch_tensorrt",
+        "torchao",
+        "transformer_engine",
+        "triton",
+        "vllm",
+        "xformers",
+    )
 
     # -- the kernel's half -------------------------------------------------------
 
@@ -78,6 +99,26 @@ class CudaPlatform(Platform):
                 "PYTORCH_NVML_BASED_CUDA_CHECK=0), so forked workers cannot use the GPUs. "
                 "Restart the kernel and launch before anything touches CUDA."
             )
+
+    def guard_runtime_start(self, refuse: Callable[[], bool]) -> Callable[[], None]:
+        # torch starts CUDA through torch.cuda._lazy_init, the Python function
+        # (tensor creation in C++ calls it by name too), so replacing it catches
+        # a module that would start CUDA before anything has happened.
+        cuda = torch.cuda
+        original = cuda._lazy_init
+
+        def lazy_init(*args: Any, **kwargs: Any) -> Any:
+            if refuse():
+                raise RuntimeError("it would initialise CUDA")
+            return original(*args, **kwargs)
+
+        cuda._lazy_init = lazy_init
+
+        def undo() -> None:
+            if cuda._lazy_init is lazy_init:
+                cuda._lazy_init = original
+
+        return undo
 
     def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
         if devices is None:

@@ -91,6 +91,8 @@ class XlaPlatform(Platform):
     distributed_type = DistributedType.XLA
     device_noun = "TPU core"
     wraps_model_in_ddp = False
+    # Importing these may start the XLA/PJRT runtime or claim the TPU.
+    device_packages = ("jax", "jaxlib", "libtpu", "tensorflow", "torch_xla")
     # In the kernel itself the function would start the XLA runtime there, and
     # a started runtime cannot be stopped: every later launch would be refused
     # until a restart. So one worker is forked too.

@@ -164,6 +164,8 @@ class LaunchPanel:
         self._stop = None
         self._active = False
         self._lock = threading.RLock()
+        # What showing the panel warmed for the first launch (launch/warm.py).
+        self.warming = None
 
         hw = self.choices.hardware
         self.hardware_view = w.HTML(hardware_summary(hw))
@@ -272,10 +274,20 @@ class LaunchPanel:
         """Show the panel under the current cell."""
         from IPython.display import display
 
+        self._warm_once()
         display(self.box)
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        self._warm_once()
         return self.box._repr_mimebundle_(**kwargs)
+
+    def _warm_once(self) -> None:
+        # A panel on screen means a launch is near: import now, in the background,
+        # what every worker's first torch.optim optimizer would import (seconds).
+        if self.warming is None:
+            from notebook_accel.launch.warm import warm_known
+
+            self.warming = warm_known(enabled=self.choices.loaded.warm)
 
     # -- choices -----------------------------------------------------------------
 

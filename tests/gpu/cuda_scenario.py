@@ -87,6 +87,28 @@ def in_kernel() -> dict:
     return {**result, "pid_is_kernel": result.get("pid", os.getpid()) == os.getpid()}
 
 
+def warming_after_launches() -> dict:
+    """What this process imported after the forked launches, and that CUDA stayed untouched."""
+    from notebook_accel import last_run
+    from notebook_accel.platforms import LaunchRefused, platform_named
+
+    warming = last_run().warming
+    finished = warming.wait(120)
+    try:
+        platform_named("cuda").check_parent_is_clean()
+        clean = True
+    except LaunchRefused:
+        clean = False
+    return {
+        "finished": finished,
+        "status": warming.status,
+        "problem": warming.problem,
+        "skipped": sorted(warming.skipped),
+        "dynamo_here": "torch._dynamo" in sys.modules,
+        "cuda_clean_after_warming": clean,
+    }
+
+
 def attempt(name: str, fn, results: dict) -> None:
     try:
         results[name] = {"ok": True, **fn()}
@@ -111,6 +133,7 @@ def main() -> None:
     for precision in ("no", "fp16", "bf16", "fp8"):
         attempt(precision, lambda p=precision: launch(p), results)
     results["cuda_initialized_after_launches"] = torch.cuda.is_initialized()
+    results["warming"] = warming_after_launches()
 
     # num_processes=1 runs in this process (the debugger-friendly path); it starts
     # CUDA here, so it comes after every forked launch.

@@ -48,6 +48,12 @@ def test_gpus_are_counted_without_initialising_cuda(scenario):
     assert scenario["cuda_initialized_after_launches"] is False
 
 
+def test_warming_after_gpu_launches_leaves_cuda_untouched(scenario):
+    warming = scenario["warming"]
+    assert warming["finished"] and warming["status"] == "done", warming
+    assert warming["dynamo_here"] and warming["cuda_clean_after_warming"]
+
+
 def test_forked_workers_train_with_gpu_memory_figures(scenario):
     """One worker per GPU, up to two: one GPU shows the forked path, two an nccl group."""
     run = scenario["no"]

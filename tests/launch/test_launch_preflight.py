@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import warnings
 
 import pytest
 import torch
@@ -39,7 +40,6 @@ def train(lr, epochs=1):
         ({"mixed_precision": "fp64"}, ValueError, "choose one of no, fp16, bf16, fp8"),
         ({"mixed_precision": "fp8"}, ValueError, "fp8 needs a CUDA GPU"),
         ({"num_procs": 2}, TypeError, "unknown option 'num_procs'. Did you mean 'num_processes'"),
-        ({"rdzv_backend": "c10d"}, ValueError, "Remove rdzv_backend"),
         ({"backend": "tpu"}, ValueError, "backend='tpu' must be one of cpu, cuda, xla"),
         ({"gradient_accumulation_steps": 0}, ValueError, "must be at least 1"),
         ({"node_rank": 2, "num_nodes": 2}, ValueError, "node_rank=2 must be below num_nodes=2"),
@@ -65,6 +65,17 @@ def test_accelerate_only_options_at_their_defaults_are_accepted():
         lambda: "ok", num_processes=1, rdzv_backend="static", rdzv_id="none", monitor_interval=0.1
     )
     assert result == "ok"
+
+
+def test_accelerate_only_options_elsewhere_are_accepted_with_one_warning(monkeypatch):
+    from notebook_accel.launch import options
+
+    monkeypatch.setattr(options, "_warned_ignored", set())
+    with pytest.warns(UserWarning, match="ignores rdzv_backend='c10d'"):
+        assert notebook_launcher(lambda: "ok", num_processes=1, rdzv_backend="c10d") == "ok"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # told once, not at every launch
+        assert notebook_launcher(lambda: "ok", num_processes=1, rdzv_backend="c10d") == "ok"
 
 
 def test_a_busy_explicit_port_is_a_clear_error():
@@ -193,3 +204,20 @@ def test_detect_hardware_is_public_and_reads_this_machine_without_cuda():
 def test_devices_beyond_the_machine_s_gpus_are_named():
     with pytest.raises(ValueError, match="devices=\\[0\\] names GPU 0, but this machine has 0"):
         plan_launch(function=train, args=(0.1,), devices=[0], hardware=CPU_ONLY)
+
+
+def test_far_more_cpu_workers_than_cores_is_refused_unless_forced():
+    with pytest.raises(ValueError, match=r"nothing was started.*oversubscribe=True"):
+        plan_launch(function=train, args=(0.1,), num_processes=10**6, hardware=CPU_ONLY)
+    limit = 8 * CPU_ONLY.cpu_cores
+    with pytest.warns(UserWarning, match="the workers will share them"):
+        assert plan_launch(function=train, args=(0.1,), num_processes=limit, hardware=CPU_ONLY)
+    with pytest.warns(UserWarning, match="the workers will share them"):
+        plan = plan_launch(
+            function=train,
+            args=(0.1,),
+            num_processes=limit + 1,
+            oversubscribe=True,
+            hardware=CPU_ONLY,
+        )
+    assert plan.world_size == limit + 1

@@ -1,0 +1,291 @@
+"""Warm launches: after a run the kernel imports what the workers had to import,
+never what could start a device, and no fork copies a half-done import."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import torch
+
+from notebook_accel import last_run, notebook_launcher
+from notebook_accel.launch import warm
+from notebook_accel.launch.options import OPTIONS, LaunchConfig
+from notebook_accel.launch.preflight import plan_launch
+from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused
+
+TWO_GPUS = Hardware(gpus=(GpuInfo(0, "H200", capability=(9, 0)), GpuInfo(1)), cpu_cores=2)
+
+
+@pytest.fixture
+def warmer(monkeypatch):
+    """A warmer of this test's own: one that stopped must not stop the next test's."""
+    fresh = warm._Warmer()
+    monkeypatch.setattr(warm, "_WARMER", fresh)
+    return fresh
+
+
+@pytest.fixture
+def stand_ins(tmp_path, monkeypatch):
+    """Write modules into a directory on sys.path; `installed=True` makes them count
+    as installed packages. They leave sys.modules when the test ends."""
+    site = tmp_path / "site-packages"
+    notebook = tmp_path / "notebook"
+    for directory in (site, notebook):
+        directory.mkdir()
+        monkeypatch.syspath_prepend(str(directory))
+    roots = warm._installed_roots()
+    monkeypatch.setattr(warm, "_installed_roots", lambda: (*roots, str(site) + "/"))
+    written: list[str] = []
+
+    def write(name: str, source: str, installed: bool = False) -> str:
+        path = (site if installed else notebook) / (name.replace(".", "/") + ".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(source))
+        written.append(name)
+        return str(path)
+
+    yield write
+    for name in list(sys.modules):
+        if name.split(".")[0] in {n.split(".")[0] for n in written}:
+            del sys.modules[name]
+
+
+def import_each(*names: str) -> int:
+    import importlib
+
+    for name in names:
+        importlib.import_module(name)
+    return os.getpid()
+
+
+def launch_importing(*names: str) -> list[int]:
+    return notebook_launcher(
+        import_each, args=names, num_processes=2, backend="cpu", live=False, return_all=True
+    )
+
+
+SECOND_LAUNCH = """
+import json, sys
+assert "torch._dynamo" not in sys.modules
+from notebook_accel import last_run, notebook_launcher
+
+def train():
+    import sys, torch
+    found = "torch._dynamo" in sys.modules
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    optimizer.step()
+    return found
+
+first = notebook_launcher(train, num_processes=2, backend="cpu", live=False)
+warming = last_run().warming
+finished = warming.wait(90)
+second = notebook_launcher(train, num_processes=2, backend="cpu", live=False)
+print(json.dumps({
+    "first": first, "second": second, "finished": finished, "status": warming.status,
+    "modules": warming.modules, "imported": warming.imported, "seconds": warming.seconds,
+}))
+"""
+
+
+def test_the_second_launch_finds_the_heavy_modules_imported():
+    # A fresh interpreter: this one may have built an optimizer already.
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_LAUNCH], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["first"] is False  # the first launch's workers imported torch._dynamo themselves
+    assert seen["finished"] and seen["status"] == "done"
+    assert "torch._dynamo" in seen["modules"] or any(
+        name.startswith("torch._dynamo") for name in seen["modules"]
+    )
+    assert seen["imported"] > 100 and seen["seconds"] > 0
+    assert seen["second"] is True  # forked from a warm kernel: nothing left to import
+
+
+def test_a_device_package_is_skipped_before_it_is_imported(warmer, stand_ins, tmp_path):
+    marker = tmp_path / "imported_by"
+    # A stand-in for a GPU library: importing it is what would start a device.
+    stand_ins(
+        "pycuda.__init__",
+        f"import os\nopen({str(marker)!r}, 'a').write(f'{{os.getpid()}}\\n')",
+        installed=True,
+    )
+    stand_ins("next_to_the_notebook", "VALUE = 1")
+    stand_ins("plain_library", "VALUE = 2", installed=True)
+
+    workers = launch_importing("pycuda", "next_to_the_notebook", "plain_library")
+    warming = last_run().warming
+    assert warming.wait(30)
+
+    assert "pycuda" not in sys.modules
+    assert sorted(int(pid) for pid in marker.read_text().split()) == sorted(workers)
+    assert warming.skipped["pycuda"].startswith("a device package")
+    assert "next_to_the_notebook" not in sys.modules
+    assert warming.skipped["next_to_the_notebook"].startswith("not an installed package")
+    assert warming.modules == ["plain_library"] and "plain_library" in sys.modules
+    assert warming.status == "done"
+
+
+def test_a_module_that_would_start_cuda_is_stopped_before_it_does(warmer, stand_ins):
+    # What a GPU library does at import: start CUDA. This torch has none, so in
+    # the workers it fails harmlessly; in the kernel warming must stop it first.
+    stand_ins(
+        "starts_cuda",
+        """
+        import torch
+        try:
+            torch.cuda._lazy_init()
+        except AssertionError:  # torch without CUDA
+            pass
+        """,
+        installed=True,
+    )
+    stand_ins("after_it", "VALUE = 3", installed=True)
+    launch_importing("starts_cuda", "after_it")
+    warming = last_run().warming
+    assert warming.wait(30)
+
+    assert "would initialise CUDA" in warming.skipped["starts_cuda"]
+    assert "starts_cuda" not in sys.modules and not torch.cuda.is_initialized()
+    assert warming.modules == ["after_it"] and warming.status == "done"
+    assert torch.cuda._lazy_init.__module__ == "torch.cuda"  # the guard is gone again
+
+
+def test_warming_stops_if_a_device_started_anyway_and_the_launch_still_refuses(
+    warmer, stand_ins, monkeypatch
+):
+    monkeypatch.setattr(torch.cuda, "_initialized", False)  # restored after the test
+    # Starts "CUDA" past the guard: detected after the import, not prevented.
+    stand_ins("sneaks_cuda", "import torch\ntorch.cuda._initialized = True", installed=True)
+    stand_ins("never_reached", "VALUE = 4", installed=True)
+    torch.cuda._initialized = False
+    launch_importing("sneaks_cuda", "never_reached")
+    warming = last_run().warming
+    assert warming.wait(30)
+
+    assert warming.status == "stopped" and "importing sneaks_cuda" in warming.problem
+    assert "never_reached" not in sys.modules
+    with pytest.raises(LaunchRefused, match="CUDA is already initialised"):
+        plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
+    # and warming stays off in this process
+    launch_importing("never_reached")
+    assert last_run().warming.status == "off" and "sneaks_cuda" in last_run().warming.problem
+
+
+def test_a_kernel_that_initialised_cuda_before_is_still_refused(warmer, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "_initialized", True)  # a cell touched a GPU
+    launch_importing("json")  # CPU workers may still run
+    assert last_run().warming.wait(30)
+    with pytest.raises(LaunchRefused, match="Restart the kernel"):
+        plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
+
+
+def test_a_fork_waits_for_the_import_in_progress(warmer, stand_ins):
+    path = stand_ins("slow_import", "import time\ntime.sleep(1.5)\nREADY = True", installed=True)
+    warming = warm.Warming()
+    warm.warm_after_run({"slow_import": path}, warming, enabled=True)
+    deadline = time.monotonic() + 10
+    while "slow_import" not in sys.modules and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert warming.status == "running"  # the import has begun and is not done
+
+    ready = notebook_launcher(
+        lambda: getattr(sys.modules.get("slow_import"), "READY", False),
+        num_processes=2,
+        backend="cpu",
+        live=False,
+        return_all=True,
+    )
+    assert ready == [True, True]  # never a copy of the half-done module
+    assert warming.status == "done"
+
+
+INTERRUPTED_FORK = """
+import os, signal, sys, threading, time
+sys.path.insert(0, sys.argv[1])
+from notebook_accel.launch import warm
+roots = warm._installed_roots()
+warm._installed_roots = lambda: (*roots, sys.argv[1] + "/")
+warming = warm.Warming()
+warm.warm_after_run({"slow_import": sys.argv[1] + "/slow_import.py"}, warming, True)
+while "slow_import" not in sys.modules:
+    time.sleep(0.01)
+threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()
+interrupted = False
+try:
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0 if getattr(sys.modules.get("slow_import"), "READY", False) else 3)
+    time.sleep(5)
+except KeyboardInterrupt:
+    interrupted = True
+_, status = os.waitpid(pid, 0)
+print(interrupted, os.waitstatus_to_exitcode(status), warming.status)
+"""
+
+
+def test_an_interrupt_during_the_wait_comes_after_the_fork(tmp_path):
+    # Its own process: the test sends it SIGINT.
+    (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1)\nREADY = True\n")
+    done = subprocess.run(
+        [sys.executable, "-c", INTERRUPTED_FORK, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    # interrupted (not lost), the child saw the whole module, warming finished
+    assert done.stdout.split() == ["True", "0", "done"]
+
+
+def test_warm_false_turns_it_off(warmer):
+    launch = notebook_launcher(
+        import_each, args=("json",), num_processes=2, backend="cpu", live=False, warm=False
+    )
+    assert launch
+    assert last_run().warming.status == "off" and last_run().imported_by_workers == {}
+
+
+def test_the_option_reaches_the_file_and_the_command_line():
+    assert "warm: false" in LaunchConfig(warm=False).to_yaml()
+    assert LaunchConfig.from_yaml("warm: false").warm is False
+    assert OPTIONS["warm"].parse("no") is False and OPTIONS["warm"].parse("true") is True
+
+
+def test_choose_decides_from_names_and_files_alone():
+    torch_dir = os.path.dirname(torch.__file__)
+    names, skipped = warm.choose(
+        {
+            "__ipython_cell__": None,
+            "triton.language": f"{torch_dir}/../triton/language/__init__.py",
+            "triton.runtime": f"{torch_dir}/../triton/runtime/__init__.py",
+            "torch_xla.core": f"{torch_dir}/../torch_xla/core/__init__.py",
+            "made_at_run_time": None,
+            "a_real_library": f"{torch_dir}/../a_real_library/__init__.py",
+            "json": None,  # imported already: nothing to say
+        }
+    )
+    assert names == ["a_real_library"]
+    assert skipped["__ipython_cell__"] == "the notebook's own code"
+    assert skipped["triton"].startswith("a device package") and "triton.runtime" not in skipped
+    assert skipped["torch_xla"].startswith("a device package")
+    assert skipped["made_at_run_time"].startswith("no file")
+
+
+def test_the_panel_warms_when_shown(warmer):
+    from notebook_accel.ui.panel import LaunchPanel
+
+    panel = LaunchPanel(import_each, hardware=Hardware(cpu_cores=2))
+    panel._repr_mimebundle_()
+    assert panel.warming is not None and panel.warming.wait(60)
+    assert panel.warming.status == "done"
+    assert "torch._dynamo" in sys.modules
