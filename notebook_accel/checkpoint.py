@@ -348,19 +348,23 @@ def _write_weights(path: Path, tensors: dict[str, torch.Tensor], safe: bool) -> 
         return
     from safetensors.torch import save_file
 
-    # The tensors are summed in memory while safetensors writes them.
+    # "format": "pt" is what Hugging Face loaders expect in the header.
+    save_file(tensors, path, metadata={"format": "pt"})
+    # safetensors holds the GIL while it writes, so a thread summing beside it
+    # would wait for the end: the tensors are summed in memory while the file is
+    # flushed to disk instead (fsync and zlib both release the GIL).
     with ThreadPoolExecutor(1, thread_name_prefix="notebook_accel-checksum") as pool:
         summing = pool.submit(tensor_checksums, tensors)
-        # "format": "pt" is what Hugging Face loaders expect in the header.
-        save_file(tensors, path, metadata={"format": "pt"})
+        _fsync(path)
         sums = summing.result()
-    _finish(path, safetensors_checksum(path, sums))
+    _finish(path, safetensors_checksum(path, sums), synced=True)
 
 
-def _finish(path: Path, checksum: str | None = None) -> None:
+def _finish(path: Path, checksum: str | None = None, synced: bool = False) -> None:
     """Flush a written file to disk (a crash after the rename must not leave it empty),
     and keep its checksum for the manifest."""
-    _fsync(path)
+    if not synced:
+        _fsync(path)
     if checksum is not None:
         stat = path.stat()
         _written_checksums[path.absolute()] = (stat.st_size, stat.st_mtime_ns, checksum)

@@ -3,12 +3,13 @@
 zlib's CRC-32 runs at about 3 GB/s; reading a 1 GB file back to checksum it
 would add a quarter to a save that takes about a second. So the checksum is
 computed from the bytes on their way to the disk, on a helper thread while
-the write runs (zlib and file writes both release the GIL):
+the write or the flush runs (zlib, file writes and fsync release the GIL):
 
 - `ChecksummingFile` wraps a file that `torch.save` writes through;
-- `safetensors_checksum` checksums the tensors in memory while safetensors
-  writes them, then joins those checksums in the order of the file's header
-  (`crc32_combine`, zlib's algorithm: no byte is read twice).
+- `safetensors_checksum` joins the checksums of the tensors in memory, summed
+  while the file is flushed to disk (safetensors holds the GIL while it
+  writes), in the order of the file's header (`crc32_combine`, zlib's
+  algorithm: no byte is read twice).
 
 Every checksum reads "crc32:" and 8 hex digits, the CRC-32 of the whole file,
 so `file_checksum` (used on load) recomputes it from the file alone.
