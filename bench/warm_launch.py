@@ -52,29 +52,28 @@ def _step(model, optimizer, device) -> None:
     optimizer.step()
 
 
-def ours_fn(device: str) -> None:
+def _first_step(accelerator_class, device: str) -> None:
+    """Build, prepare and step the model with `accelerator_class` (ours or Accelerate's)."""
     import torch
 
-    from notebook_accel import Accelerator
-
-    accelerator = Accelerator(cpu=device == "cpu")
+    accelerator = accelerator_class(cpu=device == "cpu")
     model = torch.nn.Linear(16, 4)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
     _step(model, optimizer, accelerator.device)
     _stamp()
+
+
+def ours_fn(device: str) -> None:
+    from notebook_accel import Accelerator
+
+    _first_step(Accelerator, device)
 
 
 def accelerate_fn(device: str) -> None:
-    import torch
     from accelerate import Accelerator
 
-    accelerator = Accelerator(cpu=device == "cpu")
-    model = torch.nn.Linear(16, 4)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = accelerator.prepare(model, optimizer)
-    _step(model, optimizer, accelerator.device)
-    _stamp()
+    _first_step(Accelerator, device)
 
 
 def raw_fn(rank: int, device: str, workers: int) -> None:

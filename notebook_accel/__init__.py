@@ -6,9 +6,10 @@ fast and does not import torch, ipywidgets or rich until they are needed.
 
 from __future__ import annotations
 
-import importlib
 import os
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from notebook_accel._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
@@ -82,14 +83,4 @@ if TYPE_CHECKING:
     from notebook_accel.ui.panel import LaunchPanel, panel
 
 
-def __getattr__(name: str) -> Any:
-    module_name = _EXPORTS.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'notebook_accel' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -8,7 +8,6 @@ in `ops`; the methods here only connect them.
 from __future__ import annotations
 
 import contextlib
-import functools
 import gc
 import os
 import warnings
@@ -38,7 +37,7 @@ from notebook_accel.kwargs import (
 from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
 from notebook_accel.registry import TrainingObjects
-from notebook_accel.state import AcceleratorState, DistributedType, split_between
+from notebook_accel.state import AcceleratorState, DistributedType
 from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler, GradientState
 
 
@@ -664,15 +663,16 @@ class Accelerator:
 
     # -- coordination -----------------------------------------------------------------
 
+    # The process-level helpers are the state's (Accelerate's PartialState API);
+    # the Accelerator hands them on.
+
     def wait_for_everyone(self) -> None:
         """Block until every process reaches this line."""
-        if self.use_distributed:
-            self.state.platform.barrier()
+        self.state.wait_for_everyone()
 
     def print(self, *args: Any, **kwargs: Any) -> None:
         """`print` on the local main process only."""
-        if self.is_local_main_process:
-            print(*args, **kwargs)
+        self.state.print(*args, **kwargs)
 
     def log(
         self,
@@ -694,63 +694,40 @@ class Accelerator:
             return
         metrics.record(values, step=step)
 
-    @contextlib.contextmanager
-    def main_process_first(self) -> Iterator[None]:
+    def main_process_first(self) -> contextlib.AbstractContextManager:
         """The main process runs the block first (say, to download), then the others."""
-        with self._first(self.is_main_process):
-            yield
+        return self.state.main_process_first()
 
-    @contextlib.contextmanager
-    def local_main_process_first(self) -> Iterator[None]:
+    def local_main_process_first(self) -> contextlib.AbstractContextManager:
         """The main process of each machine runs the block first, then the others."""
-        with self._first(self.is_local_main_process):
-            yield
-
-    @contextlib.contextmanager
-    def _first(self, leader: bool) -> Iterator[None]:
-        if not leader:
-            self.wait_for_everyone()
-        yield
-        if leader:
-            self.wait_for_everyone()
+        return self.state.local_main_process_first()
 
     def on_main_process(self, function: Callable) -> Callable:
         """Decorator: run `function` on the main process only (None elsewhere)."""
-        return self._only_if(function, lambda: self.is_main_process)
+        return self.state.on_main_process(function)
 
     def on_local_main_process(self, function: Callable) -> Callable:
         """Decorator: run `function` on each machine's main process only."""
-        return self._only_if(function, lambda: self.is_local_main_process)
+        return self.state.on_local_main_process(function)
 
     def on_last_process(self, function: Callable) -> Callable:
         """Decorator: run `function` on the last process only."""
-        return self._only_if(function, lambda: self.is_last_process)
+        return self.state.on_last_process(function)
 
     def on_process(self, function: Callable | None = None, process_index: int | None = None) -> Any:
         """Decorator: run `function` on process `process_index` only."""
-        if function is None:
-            return functools.partial(self.on_process, process_index=process_index)
-        if process_index is None:
-            raise ValueError("on_process needs process_index=...")
-        return self._only_if(function, lambda: self.process_index == process_index)
+        return self.state.on_process(function, process_index=process_index)
 
-    @staticmethod
-    def _only_if(function: Callable, condition: Callable[[], bool]) -> Callable:
-        @functools.wraps(function)
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            return function(*args, **kwargs) if condition() else None
-
-        return wrapper
-
-    @contextlib.contextmanager
-    def split_between_processes(self, inputs: Any, apply_padding: bool = False) -> Iterator[Any]:
+    def split_between_processes(
+        self, inputs: Any, apply_padding: bool = False
+    ) -> contextlib.AbstractContextManager:
         """Give each process its contiguous share of a list, tuple, tensor, dataset or dict of them.
 
         The first `len % num_processes` processes get one item more. With
         `apply_padding=True` the shorter shares repeat the last item so all
         shares have equal length (handy before `gather`).
         """
-        yield split_between(inputs, self.process_index, self.num_processes, apply_padding)
+        return self.state.split_between_processes(inputs, apply_padding=apply_padding)
 
     # -- checkpoints --------------------------------------------------------------------
 

@@ -24,8 +24,36 @@ from notebook_accel.platforms import PLATFORMS, DistributedType, Platform, platf
 __all__ = ["AcceleratorState", "DistributedType", "PartialState", "ProcessState"]
 
 
+class _Place:
+    """What follows from a process's rank and world size (both state classes have them)."""
+
+    process_index: int
+    num_processes: int
+    local_process_index: int
+
+    @property
+    def use_distributed(self) -> bool:
+        """True when more than one process takes part."""
+        return self.num_processes > 1
+
+    @property
+    def is_main_process(self) -> bool:
+        """True on the process with rank 0."""
+        return self.process_index == 0
+
+    @property
+    def is_local_main_process(self) -> bool:
+        """True on the first process of this machine."""
+        return self.local_process_index == 0
+
+    @property
+    def is_last_process(self) -> bool:
+        """True on the process with the highest rank."""
+        return self.process_index == self.num_processes - 1
+
+
 @dataclass(frozen=True)
-class ProcessState:
+class ProcessState(_Place):
     """This process's place in the run. Built by `ProcessState.create()`."""
 
     platform: Platform
@@ -34,22 +62,6 @@ class ProcessState:
     local_process_index: int
     local_num_processes: int
     device: torch.device
-
-    @property
-    def is_main_process(self) -> bool:
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        return self.process_index == self.num_processes - 1
-
-    @property
-    def use_distributed(self) -> bool:
-        return self.num_processes > 1
 
     @property
     def distributed_type(self) -> DistributedType:
@@ -98,7 +110,7 @@ def _placement_key(platform: Platform) -> tuple:
     return (os.getpid(), platform.name, *world)
 
 
-class PartialState:
+class PartialState(_Place):
     """This process's place in the run, without an Accelerator (Accelerate's `PartialState`).
 
     Every instance in a process shares one state, as in Accelerate: the first
@@ -161,26 +173,6 @@ class PartialState:
     def platform(self) -> Platform:
         """The device platform this process runs on (platforms/)."""
         return PLATFORMS[self.platform_name]
-
-    @property
-    def use_distributed(self) -> bool:
-        """True when more than one process takes part."""
-        return self.num_processes > 1
-
-    @property
-    def is_main_process(self) -> bool:
-        """True on the process with rank 0."""
-        return self.process_index == 0
-
-    @property
-    def is_local_main_process(self) -> bool:
-        """True on the first process of this machine."""
-        return self.local_process_index == 0
-
-    @property
-    def is_last_process(self) -> bool:
-        """True on the process with the highest rank."""
-        return self.process_index == self.num_processes - 1
 
     @property
     def debug(self) -> bool:

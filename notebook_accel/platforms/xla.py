@@ -175,7 +175,37 @@ class XlaPlatform(Platform):
         local_rank: int,
         local_world_size: int,
     ) -> Any:
-        return run_in_worker(function, args, kwargs, local_rank, local_world_size)
+        """Run `function` as PJRT process `local_rank` of `local_world_size`.
+
+        Returns the value of this process's first device (the only one, except
+        on TPU v2/v3, where the process's second core runs the same function in
+        a second thread).
+        """
+        import_torch_xla()
+        from torch_xla._internal import pjrt
+
+        # Set rather than left to torch_xla's setdefault: a kernel's environment
+        # may carry stale values from an earlier run.
+        os.environ["PJRT_LOCAL_PROCESS_RANK"] = str(local_rank)
+        os.environ["PJRT_LOCAL_PROCESS_COUNT"] = str(local_world_size)
+        if local_world_size == 1:
+            # What xmp.spawn(nprocs=1) does: one chip, no multi-process topology.
+            def initialize(rank: int, world: int) -> None:
+                pjrt.initialize_singleprocess()
+        else:
+            initialize = pjrt.initialize_multiprocess
+
+        def call() -> Any:
+            # If the kernel ran a backward pass before the fork, autograd's engine
+            # has sized its per-device queues without the XLA device, and the first
+            # backward on XLA fails an internal assert (pytorch/xla#4174). Without
+            # multithreading the engine runs XLA's backward (lazy tracing anyway) on
+            # the calling thread and never looks those queues up.
+            torch.autograd.set_multithreading_enabled(False)
+            return function(*args, **kwargs)
+
+        results = pjrt._run_thread_per_device(local_rank, local_world_size, call, initialize)
+        return results[min(results)]
 
     def placement(self) -> tuple[int, int, int, int]:
         import_torch_xla()
@@ -247,46 +277,6 @@ def _why_no_xla(environ: Mapping[str, str]) -> str:
         "PJRT_DEVICE is not CPU; to try the XLA backend on this CPU, set "
         "PJRT_DEVICE=CPU before launching"
     )
-
-
-def run_in_worker(
-    function: Callable[..., Any],
-    args: tuple,
-    kwargs: dict,
-    local_rank: int,
-    local_world_size: int,
-) -> Any:
-    """Run `function` in this forked worker as PJRT process `local_rank` of `local_world_size`.
-
-    Returns the value of this process's first device (the only one, except
-    on TPU v2/v3, where the process's second core runs the same function in
-    a second thread).
-    """
-    import_torch_xla()
-    from torch_xla._internal import pjrt
-
-    # Set rather than left to torch_xla's setdefault: a kernel's environment
-    # may carry stale values from an earlier run.
-    os.environ["PJRT_LOCAL_PROCESS_RANK"] = str(local_rank)
-    os.environ["PJRT_LOCAL_PROCESS_COUNT"] = str(local_world_size)
-    if local_world_size == 1:
-        # What xmp.spawn(nprocs=1) does: one chip, no multi-process topology.
-        def initialize(rank: int, world: int) -> None:
-            pjrt.initialize_singleprocess()
-    else:
-        initialize = pjrt.initialize_multiprocess
-
-    def call() -> Any:
-        # If the kernel ran a backward pass before the fork, autograd's engine
-        # has sized its per-device queues without the XLA device, and the first
-        # backward on XLA fails an internal assert (pytorch/xla#4174). Without
-        # multithreading the engine runs XLA's backward (lazy tracing anyway) on
-        # the calling thread and never looks those queues up.
-        torch.autograd.set_multithreading_enabled(False)
-        return function(*args, **kwargs)
-
-    results = pjrt._run_thread_per_device(local_rank, local_world_size, call, initialize)
-    return results[min(results)]
 
 
 class XlaCollectives(ops.Collectives):
