@@ -279,10 +279,6 @@ class _Rendezvous:
                 raise
         return self
 
-    def fds(self) -> list[int]:
-        """File descriptors the forked workers must close (also listed in launch/forking.py)."""
-        return [self._socket.fileno()] if self._socket is not None else []
-
     def serve(self) -> None:
         """Start the store on the bound port (after the workers are forked)."""
         if self._socket is None or self._store is not None:

@@ -193,9 +193,8 @@ class WorkerGroup:
     """The workers of one launch attempt on this node.
 
     Every event (a worker's output lines, what it sends down its channel,
-    memory samples, exits) goes to `emit`, in the launching thread.
-    `close_in_workers` is kept for callers that list descriptors themselves;
-    every descriptor registered with `forking.parent_only` is closed anyway.
+    memory samples, exits) goes to `emit`, in the launching thread. Workers
+    close every descriptor registered with `forking.parent_only`.
     """
 
     def __init__(
@@ -203,12 +202,10 @@ class WorkerGroup:
         spec: WorkerSpec,
         emit: Emit,
         stop: StopSignal | None = None,
-        close_in_workers: list[int] = (),
     ):
         self.spec = spec
         self.emit = emit
         self.stop_signal = stop
-        self.close_in_workers = list(close_in_workers)
         self.workers: list[_Worker] = []
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
@@ -243,7 +240,7 @@ class WorkerGroup:
         # The child must hold no read end of any pipe (its own, those of the
         # workers started before it, those of another launch), nor a socket or
         # janitor pipe of this process.
-        inherited = sorted({*parent_only_fds(), *self.close_in_workers})
+        inherited = parent_only_fds()
         process = context.Process(
             target=worker_main,
             args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
