@@ -68,6 +68,24 @@ SCRIPT = textwrap.dedent("""
 """)
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "message"),
+    [
+        ("--warm", "maybe", "argument --warm: expected true or false, got 'maybe'"),
+        ("--devices", "a,b", "argument --devices: expected GPU indices separated by commas"),
+        ("--num-processes", "0", "num_processes=0 must be at least 1."),
+    ],
+)
+def test_config_flags_say_what_a_bad_value_should_be(tmp_path, capsys, flag, value, message):
+    try:  # argparse exits with 2 for what it parses; main returns 2 for the checks
+        code = main(["config", "--file", str(tmp_path / "launch.yaml"), flag, value])
+    except SystemExit as refused:
+        code = refused.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "launch.yaml").exists()
+
+
 def test_launch_runs_a_script_through_torchrun_with_the_config(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -11,6 +11,7 @@ equal to the default still beats the file's.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import difflib
 import inspect
@@ -145,15 +146,23 @@ def _flag(value: Any) -> bool:
     return bool(value)
 
 
+# The command line's parsers raise ArgumentTypeError: argparse shows its text as it is.
+
+
 def _yes_no(text: str) -> bool:
     answer = text.strip().lower()
     if answer not in ("true", "false", "yes", "no", "on", "off", "1", "0"):
-        raise ValueError(f"expected true or false, got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
     return answer in ("true", "yes", "on", "1")
 
 
 def _index_list(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
+    try:
+        return [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected GPU indices separated by commas, such as 0,1; got {text!r}"
+        ) from None
 
 
 # -- the options --------------------------------------------------------------------------
