@@ -35,6 +35,7 @@ _EXPORTS = {
     "GradientAccumulationPlugin": "notebook_accel.kwargs",
     "prepare_data_loader": "notebook_accel.data",
     "skip_first_batches": "notebook_accel.data",
+    "AORecipeKwargs": "notebook_accel.kwargs",
     "AutocastKwargs": "notebook_accel.kwargs",
     "DataLoaderConfiguration": "notebook_accel.kwargs",
     "DistributedDataParallelKwargs": "notebook_accel.kwargs",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from notebook_accel.config import LaunchSettings
     from notebook_accel.data import prepare_data_loader, skip_first_batches
     from notebook_accel.kwargs import (
+        AORecipeKwargs,
         AutocastKwargs,
         DataLoaderConfiguration,
         DistributedDataParallelKwargs,

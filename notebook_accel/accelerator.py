@@ -18,11 +18,12 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel import checkpoint, fsdp, ops
+from notebook_accel import checkpoint, fp8, fsdp, ops
 from notebook_accel import compile as compiling
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
 from notebook_accel.kwargs import (
+    AORecipeKwargs,
     AutocastKwargs,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
@@ -55,7 +56,7 @@ class Accelerator:
             `accumulate()` blocks (None: the launch's, else 1).
         cpu: train on the CPU even when a GPU is present.
         dataloader_config: how DataLoaders are sharded.
-        kwargs_handlers: AutocastKwargs, GradScalerKwargs,
+        kwargs_handlers: AutocastKwargs, GradScalerKwargs, AORecipeKwargs (fp8),
             DistributedDataParallelKwargs and InitProcessGroupKwargs objects.
         step_scheduler_with_optimizer: schedulers advance only with real optimizer steps.
         project_dir / project_config: where the project's files go.
@@ -114,6 +115,8 @@ class Accelerator:
             self.state.device,
             handlers.get(AutocastKwargs),
             handlers.get(GradScalerKwargs),
+            handlers.get(AORecipeKwargs),
+            main_process=self.state.is_main_process,
         )
         self.state.mixed_precision = self.precision.name
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
@@ -285,6 +288,8 @@ class Accelerator:
                 result[i] = self._prepare_one(obj, placement[i])
         for optimizer in self._objects.optimizers:  # prepared before their model was sharded
             fsdp.switch_optimizer_parameters(optimizer, self._shards)
+        if self.fsdp_plugin is not None and self.mixed_precision == "fp8":
+            fp8.refresh_scales_after_steps(self._objects.models, self._objects.optimizers)
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self.prepare_scheduler(obj)
@@ -320,9 +325,14 @@ class Accelerator:
             for name, parameter in model.named_parameters():
                 if name in before and before[name] is not parameter:
                     self._shards.add(before[name], parameter)
-        model = self.precision.prepare_model(model)
         trainable = any(p.requires_grad for p in model.parameters())
-        if self.use_distributed and trainable and not evaluation_mode:
+        shards = self.use_distributed and trainable and not evaluation_mode
+        model = self.precision.prepare_model(
+            model,
+            sharded=shards and self.fsdp_plugin is not None,
+            compiled=self.dynamo_plugin is not None,
+        )
+        if shards:
             if self.fsdp_plugin is not None:
                 shards = fsdp.shard_model(
                     model,
@@ -385,6 +395,7 @@ class Accelerator:
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
             loader_class=self.state.platform.data_loader_class(),
+            platform=self.state.platform,
         )
         self._objects.dataloaders.append(prepared)
         return prepared
@@ -836,6 +847,7 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
     known = (
         AutocastKwargs,
         GradScalerKwargs,
+        AORecipeKwargs,
         DistributedDataParallelKwargs,
         InitProcessGroupKwargs,
     )

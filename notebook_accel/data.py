@@ -12,6 +12,10 @@ samples of its last global batch are real (`remainder`), which is what lets
 A prepared loader also knows its position (epoch, batches of that epoch already
 yielded, the shuffle generator's state at the start of the epoch), so a
 checkpoint can resume it in the middle of an epoch, bit for bit.
+
+Batches reach the device through a `BatchMover`; on a device whose host memory
+can be pinned (CUDA) they are pinned and copied without blocking by default,
+the next batch on a side stream while the current one trains (`copy_plan`).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import itertools
 import math
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -238,6 +243,99 @@ class IterableDatasetShard(IterableDataset):
             yield from round_[lo : lo + self.slice_size]
 
 
+@dataclass(frozen=True)
+class CopyPlan:
+    """How a prepared loader's batches go to the device (see `copy_plan`)."""
+
+    non_blocking: bool = False
+    pin_in_copy: bool = False  # pin CPU tensors just before copying them
+    loader_pins: bool = False  # the DataLoader pins (pin_memory=True), in its own thread
+    side_stream: bool = False  # copy the next batch on a side stream while this one trains
+
+
+def copy_plan(
+    non_blocking: bool | None, pins_host_memory: bool, user_pinned: bool, num_workers: int
+) -> CopyPlan:
+    """Decide how batches are copied to the device.
+
+    A blocking copy from pageable memory makes the host wait until the device
+    has finished every queued step before it can queue the next one (measured:
+    0.92x of a pinned, non-blocking loop on a small transformer on an H200).
+    So where host memory can be pinned (`pins_host_memory`: CUDA) and
+    `non_blocking` is not False, batches are pinned and copied without blocking:
+    pinned by the DataLoader when the person asked for it (`user_pinned`: never
+    twice) or when it has worker processes (its pinning thread then overlaps with
+    training), else just before the copy (only CPU tensors, so a dataset that
+    yields tensors on the GPU keeps working). `non_blocking=False` keeps
+    blocking copies; elsewhere `non_blocking` is passed to `.to()` as given.
+    """
+    if not pins_host_memory:
+        return CopyPlan(non_blocking=bool(non_blocking))
+    if non_blocking is False:
+        return CopyPlan()
+    loader_pins = user_pinned or num_workers > 0
+    return CopyPlan(
+        non_blocking=True,
+        pin_in_copy=not loader_pins,
+        loader_pins=loader_pins,
+        side_stream=True,
+    )
+
+
+class BatchMover:
+    """Copies batches (nested tensors) to one device, as a `CopyPlan` says.
+
+    `start` queues the copy; `ready` makes the batch safe to use on the stream
+    that trains. With a side `stream` the copy runs there, so the prepared
+    loader can start the next batch's copy before handing out the current batch;
+    `ready` then makes the training stream wait for that copy, and tells the
+    allocator the batch is used there, so its memory is not reused too early.
+    """
+
+    def __init__(
+        self,
+        device: torch.device,
+        non_blocking: bool = False,
+        pin: bool = False,
+        stream: Any = None,
+    ) -> None:
+        self.device = device
+        self.non_blocking = non_blocking
+        self.pin = pin
+        self.stream = stream
+
+    def start(self, batch: Any) -> Any:
+        """The batch on the device, its copy queued (on the side stream, if any)."""
+        if self.stream is None:
+            return apply_to_tensors(self._copy, batch)
+        with torch.get_device_module(self.device).stream(self.stream):
+            return apply_to_tensors(self._copy, batch)
+
+    def ready(self, batch: Any) -> Any:
+        """`batch`, usable on the current (training) stream."""
+        if self.stream is None:
+            return batch
+        current = torch.get_device_module(self.device).current_stream(self.device)
+        current.wait_stream(self.stream)
+
+        def used_here(tensor: torch.Tensor) -> torch.Tensor:
+            if tensor.device.type == self.device.type:
+                tensor.record_stream(current)
+            return tensor
+
+        return apply_to_tensors(used_here, batch)
+
+    def __getstate__(self) -> dict:
+        # A stream cannot be pickled (an Accelerator with its loaders can): a copy
+        # made from the pickle copies on the current stream.
+        return {**self.__dict__, "stream": None}
+
+    def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.pin and tensor.device.type == "cpu" and not tensor.is_pinned():
+            tensor = tensor.pin_memory()
+        return tensor.to(self.device, non_blocking=self.non_blocking)
+
+
 class DataLoaderShard(DataLoader):
     """A DataLoader that yields this process's batches, on its device.
 
@@ -249,6 +347,9 @@ class DataLoaderShard(DataLoader):
     `state_dict()`/`load_state_dict()` save and restore its position: after a
     load, the next pass continues the saved epoch after the batches already
     yielded, drawing the same batches in the same order.
+
+    `pin_batches` and `copy_stream` (see `copy_plan` and `BatchMover`): pin CPU
+    tensors before copying them, and copy on this side stream, one batch ahead.
     """
 
     def __init__(
@@ -261,10 +362,15 @@ class DataLoaderShard(DataLoader):
         synchronized_generator: torch.Generator | None = None,
         non_blocking: bool = False,
         remainder_known: bool = True,
+        pin_batches: bool = False,
+        copy_stream: Any = None,
         **loader_kwargs: Any,
     ) -> None:
         super().__init__(dataset, **loader_kwargs)
         self.device = device
+        self.mover = (
+            None if device is None else BatchMover(device, non_blocking, pin_batches, copy_stream)
+        )
         self.gradient_state = gradient_state
         self.total_batch_size = total_batch_size
         self.synchronized_generator = synchronized_generator
@@ -309,9 +415,18 @@ class DataLoaderShard(DataLoader):
             self.dataset.set_epoch(epoch)
 
     def _to_device(self, batch: Any) -> Any:
-        if self.device is None:
+        """Queue `batch`'s copy to the device (`_ready` hands it out)."""
+        if self.mover is None:
             return batch
-        return apply_to_tensors(lambda t: t.to(self.device, non_blocking=self.non_blocking), batch)
+        return self.mover.start(batch)
+
+    def _ready(self, batch: Any) -> Any:
+        return batch if self.mover is None else self.mover.ready(batch)
+
+    @property
+    def _copies_ahead(self) -> bool:
+        """Whether the next batch's copy starts before the current batch is handed out."""
+        return self.mover is not None and self.mover.stream is not None
 
     def _start(self) -> None:
         if self.synchronized_generator is not None:
@@ -346,13 +461,19 @@ class DataLoaderShard(DataLoader):
                     set_rng_states(self._resume_rng_states)
                 current = next(batches, _END)
             self._resume_rng_states = None
-            while current is not _END:
+            ahead = self._copies_ahead
+            if ahead and current is not _END:
                 current = self._to_device(current)
+            while current is not _END:
+                if not ahead:
+                    current = self._to_device(current)
                 self._rng_before_read_ahead = rng_states()
                 following = next(batches, _END)
                 self.end_of_dataloader = following is _END
+                if ahead and following is not _END:
+                    following = self._to_device(following)  # overlaps this batch's step
                 self._position += 1
-                yield current
+                yield self._ready(current)
                 current = following
             self.iteration += 1
             self._position = 0
@@ -494,11 +615,12 @@ def prepare_data_loader(
     slice_fn_for_dispatch: Any = None,
     use_seedable_sampler: bool = False,
     data_seed: int | None = None,
-    non_blocking: bool = False,
+    non_blocking: bool | None = None,
     use_stateful_dataloader: bool = False,
     *,
     gradient_state: GradientState | None = None,
     loader_class: type[DataLoaderShard] | None = None,
+    platform: Any = None,
 ) -> DataLoaderShard:
     """`dataloader` sharded for one process: a `DataLoaderShard` reading its batches.
 
@@ -509,7 +631,12 @@ def prepare_data_loader(
     it. `rng_types`, `slice_fn_for_dispatch` and `use_stateful_dataloader` are
     accepted and change nothing (shuffles stay in step through a synchronised
     generator; prepared loaders always have `state_dict`).
+
+    `non_blocking=None` (the default) lets the device's `platform` (default:
+    this process's) choose: on CUDA, batches are pinned and copied without
+    blocking (see `copy_plan`); False keeps blocking copies.
     """
+    state = None
     if num_processes is None or process_index is None or (put_on_device and device is None):
         from notebook_accel.state import PartialState
 
@@ -517,6 +644,10 @@ def prepare_data_loader(
         num_processes = state.num_processes if num_processes is None else num_processes
         process_index = state.process_index if process_index is None else process_index
         device = state.device if device is None else device
+    if put_on_device and platform is None:
+        from notebook_accel.state import PartialState
+
+        platform = (state or PartialState()).platform
     if dispatch_batches:
         _warn_dispatch()
     kwargs = {name: getattr(dataloader, name) for name in _COPIED if hasattr(dataloader, name)}
@@ -569,14 +700,24 @@ def prepare_data_loader(
         size = getattr(batch_sampler, "batch_size", None)
         total = None if size is None else size * (1 if split_batches else num_processes)
 
+    copying = copy_plan(
+        non_blocking,
+        pins_host_memory=put_on_device and getattr(platform, "pins_host_memory", False),
+        user_pinned=bool(kwargs.get("pin_memory")),
+        num_workers=kwargs.get("num_workers", 0),
+    )
+    if copying.loader_pins:
+        kwargs["pin_memory"] = True
     return (loader_class or DataLoaderShard)(
         dataset,
         device=device if put_on_device else None,
         gradient_state=gradient_state or GradientState(),
         total_batch_size=total,
         synchronized_generator=synchronized_generator,
-        non_blocking=non_blocking,
+        non_blocking=copying.non_blocking,
         remainder_known=remainder_known,
+        pin_batches=copying.pin_in_copy,
+        copy_stream=platform.copy_stream(device) if copying.side_stream else None,
         **kwargs,
     )
 

@@ -7,6 +7,8 @@ what gets forwarded to the torch call each object configures.
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any
@@ -69,6 +71,92 @@ class InitProcessGroupKwargs(KwargsHandler):
     timeout: timedelta | None = None
 
 
+FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+
+
+@dataclass
+class AORecipeKwargs(KwargsHandler):
+    """How `mixed_precision="fp8"` trains through torchao's float8 layers (Accelerate's handler).
+
+    - `config`: a `torchao.float8.Float8LinearConfig`, or the name of one of
+      torchao's recipes: "tensorwise" (the default: one scale per tensor, the
+      fastest), "rowwise" (one scale per row: closer to bf16, a little slower)
+      or "rowwise_with_gw_hp" (rowwise, with the weight gradients in bf16).
+    - `module_filter_func`: `(module, name) -> bool`, the Linear layers that
+      become float8. None: those large enough for float8 to pay (see
+      `notebook_accel.fp8`; a warning names the layers that stay in bf16).
+    - `pad_inner_dim`: pad sizes that are not multiples of 16, so that any
+      layer can be float8 (None: no padding; only a `module_filter_func` can
+      pick such a layer). Used when `config` is a name or None.
+    - `enable_fsdp_float8_all_gather`: under FSDP2, gather the sharded weights
+      in float8, half the traffic of bf16 (tensorwise only). None: on for
+      tensorwise when the model is sharded. Used when `config` is a name or None.
+
+    Unlike Accelerate, a recipe name is accepted for `config`, torchao is not
+    imported until a model is prepared (in the worker), and padding is off by
+    default (the default layer choice never needs it).
+    """
+
+    config: Any = None
+    module_filter_func: Callable[[Any, str], bool] | None = None
+    pad_inner_dim: bool | None = None
+    enable_fsdp_float8_all_gather: bool | None = None
+
+    def __post_init__(self) -> None:
+        if importlib.util.find_spec("torchao") is None:
+            raise ImportError(
+                "AORecipeKwargs configures fp8 training through torchao, which is not installed: "
+                "pip install torchao (fp8 also needs a CUDA GPU of compute capability 8.9 or "
+                "newer), or leave AORecipeKwargs out and use mixed_precision='bf16'."
+            )
+        if self.config is None:
+            self.config = "tensorwise"
+        if isinstance(self.config, str):
+            if self.config not in FLOAT8_RECIPES:
+                raise ValueError(
+                    f"config={self.config!r} is not a float8 recipe; use one of "
+                    f"{', '.join(FLOAT8_RECIPES)}, or a torchao.float8.Float8LinearConfig."
+                )
+            if self.config != "tensorwise" and self.enable_fsdp_float8_all_gather:
+                raise ValueError(
+                    f"enable_fsdp_float8_all_gather needs the 'tensorwise' recipe; "
+                    f"{self.config!r} scales by row. Use config='tensorwise' or leave it off."
+                )
+        if self.module_filter_func is not None and not callable(self.module_filter_func):
+            raise TypeError(
+                "module_filter_func must be a function (module, name) -> bool, "
+                f"not {type(self.module_filter_func).__name__}."
+            )
+
+    @property
+    def recipe_name(self) -> str | None:
+        """The recipe's name when `config` names one, else None (a config object)."""
+        return self.config if isinstance(self.config, str) else None
+
+    def float8_config(self, sharded: bool = False) -> Any:
+        """The `Float8LinearConfig` to convert with (imports torchao).
+
+        `sharded`: the model is sharded with FSDP2, where tensorwise weights
+        are gathered in float8 unless `enable_fsdp_float8_all_gather=False`.
+        """
+        if self.recipe_name is None:
+            return self.config
+        from torchao.float8 import Float8LinearConfig
+
+        pad = bool(self.pad_inner_dim)
+        if self.recipe_name == "tensorwise":  # torchao's defaults are the tensorwise recipe
+            all_gather = self.enable_fsdp_float8_all_gather
+            if all_gather is None:
+                all_gather = sharded
+            return Float8LinearConfig(enable_fsdp_float8_all_gather=all_gather, pad_inner_dim=pad)
+        config = Float8LinearConfig.from_recipe_name(self.recipe_name)
+        if pad:
+            import dataclasses
+
+            config = dataclasses.replace(config, pad_inner_dim=True)
+        return config
+
+
 @dataclass
 class DataLoaderConfiguration:
     """How `Accelerator.prepare` shards DataLoaders across processes.
@@ -83,6 +171,10 @@ class DataLoaderConfiguration:
       `data_seed + epoch` (seed defaults to torch's initial seed), which makes
       the order reproducible and identical on every process.
     - `non_blocking`: copy batches to the device with `non_blocking=True`.
+      None (the default): the device decides; on CUDA batches are pinned and
+      copied without blocking, the next one on a side stream while the current
+      one trains (a DataLoader already pinned is not pinned again). False:
+      blocking copies.
     - `dispatch_batches`: accepted; each process reads its own batches, the ones
       Accelerate's main process would send it (same data, no broadcast).
     - `use_stateful_dataloader`: accepted; prepared loaders always save and
@@ -94,7 +186,7 @@ class DataLoaderConfiguration:
     even_batches: bool = True
     use_seedable_sampler: bool = False
     data_seed: int | None = None
-    non_blocking: bool = False
+    non_blocking: bool | None = None
     use_stateful_dataloader: bool = False
 
     # dispatch_batches=True is accepted: every process reads its own batches, which

@@ -30,6 +30,7 @@ _EXPORTS = {
     "prepare_data_loader": "notebook_accel.data",
     "skip_first_batches": "notebook_accel.data",
     "SeedableRandomSampler": "notebook_accel.data",
+    "AORecipeKwargs": "notebook_accel.kwargs",
     "AutocastKwargs": "notebook_accel.kwargs",
     "DataLoaderConfiguration": "notebook_accel.kwargs",
     "DistributedDataParallelKwargs": "notebook_accel.kwargs",

@@ -206,6 +206,11 @@ class Platform:
         """The DataLoaderShard class that feeds this device."""
         return DataLoaderShard
 
+    def copy_stream(self, device: torch.device) -> Any:
+        """A side stream on which prepared loaders copy the next batch while the
+        current one trains, or None where copies need none (see data.copy_plan)."""
+        return None
+
     def rng_states(self) -> dict[str, Any]:
         """This device's random generator states, where the device is in use."""
         return {}

@@ -158,6 +158,18 @@ class CudaPlatform(Platform):
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
 
+    def compile_problem(self, backend: str) -> str | None:
+        if backend == "inductor" and importlib.util.find_spec("triton") is None:
+            return (
+                "torch.compile's default backend 'inductor' generates Triton kernels for GPUs "
+                "and needs the triton package (pip install triton; the CUDA builds of torch "
+                "bring it); without it, use dynamo_backend='aot_eager'"
+            )
+        return None
+
+    def copy_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device)
+
     def ddp_kwargs(self, device: torch.device) -> dict[str, Any]:
         return {"device_ids": [device.index], "output_device": device.index}
 
