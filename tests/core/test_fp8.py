@@ -363,24 +363,26 @@ def test_the_accelerator_converts_in_prepare_and_leaves_compiling_to_dynamo(
     assert len(compiled) == 1
 
 
-def test_many_layer_shapes_stay_compiled(torchao, compiled, monkeypatch):
+def test_many_layer_shapes_stay_compiled(torchao, compiled):
     import torch._dynamo
 
     config = torch._dynamo.config
     name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(config, name, 8)
-    widths = [4096, 6144, 8192]  # 4096 x n and n x 4096: 5 shapes in 6 layers
-    layers = [torch.nn.Linear(4096, n, device="meta") for n in widths]
-    layers += [torch.nn.Linear(n, 4096, device="meta") for n in widths]
-    model = torch.nn.Sequential(*layers)
-    plan = plan_layers(model)
-    assert len(plan.convert) == 6 and len(compiled) == 0
-    fp8.convert(model, plan, AORecipeKwargs())
-    assert len(compiled) == 6
-    assert getattr(config, name) == 4 * 5
-    fp8.convert(
-        torch.nn.Sequential(torch.nn.Linear(4096, 4096, device="meta")),
-        plan_layers(torch.nn.Sequential(torch.nn.Linear(4096, 4096, device="meta"))),
-        AORecipeKwargs(),
-    )
-    assert getattr(config, name) == 4 * 5  # never lowered
+    # config.patch restores the entry; monkeypatch's undo would delete it from dynamo's config.
+    with config.patch(**{name: 8}):
+        widths = [4096, 6144, 8192]  # 4096 x n and n x 4096: 5 shapes in 6 layers
+        layers = [torch.nn.Linear(4096, n, device="meta") for n in widths]
+        layers += [torch.nn.Linear(n, 4096, device="meta") for n in widths]
+        model = torch.nn.Sequential(*layers)
+        plan = plan_layers(model)
+        assert len(plan.convert) == 6 and len(compiled) == 0
+        fp8.convert(model, plan, AORecipeKwargs())
+        assert len(compiled) == 6
+        assert getattr(config, name) == 4 * 5
+        fp8.convert(
+            torch.nn.Sequential(torch.nn.Linear(4096, 4096, device="meta")),
+            plan_layers(torch.nn.Sequential(torch.nn.Linear(4096, 4096, device="meta"))),
+            AORecipeKwargs(),
+        )
+        assert getattr(config, name) == 4 * 5  # never lowered
+    assert hasattr(config, name)
