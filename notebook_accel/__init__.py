@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
+from notebook_accel import cuda_origin
 from notebook_accel._lazy import lazy_exports
 
 __version__ = "0.1.0"
@@ -16,6 +17,9 @@ __version__ = "0.1.0"
 # torch.cuda.is_available() then asks NVML instead of initialising the CUDA
 # driver, so a kernel that checks for GPUs can still fork CUDA workers.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
+# Remember where this process first starts CUDA: if a cell (or a library it
+# imports) does so before a launch, the launch can name the line.
+cuda_origin.watch()
 
 # public name -> module that defines it
 _EXPORTS = {

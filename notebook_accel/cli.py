@@ -172,7 +172,21 @@ def environment_report() -> str:
     )
     lines.append("Environment")
     lines += [f"  {name}={os.environ[name]}" for name in relevant] or ["  (none set)"]
+    lines += _cuda_started_report()
     return "\n".join(lines)
+
+
+def _cuda_started_report() -> list[str]:
+    """Which running kernels started CUDA, and where: their launches use fresh interpreters."""
+    from notebook_accel import cuda_origin
+
+    records = cuda_origin.kernel_origins()
+    if not records:
+        return ["CUDA started in running processes", "  none"]
+    return [
+        "CUDA started in running processes (their launches start workers in fresh interpreters)",
+        *(f"  pid {r['pid']} ({r['command']}): {r['origin']}" for r in records),
+    ]
 
 
 # -- config ----------------------------------------------------------------------

@@ -10,7 +10,17 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
 from tests_support import live_children  # noqa: E402
+
+
+@pytest.fixture(params=["fork", "spawn"])
+def each_start_method(request, monkeypatch) -> str:
+    """Run the test twice: with forked workers, and with workers started in fresh
+    interpreters (what a kernel that has touched a GPU gets). A module opts in with
+    `pytestmark = pytest.mark.usefixtures("each_start_method")`."""
+    monkeypatch.setenv(ENV_START_METHOD, request.param)
+    return request.param
 
 
 @pytest.fixture(autouse=True)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.config import PRECISIONS, normalize_fsdp, normalize_precision
+from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
 from notebook_accel.launch.observers import OUTPUT_CHOICES
 from notebook_accel.platforms import PLATFORMS
 
@@ -293,6 +294,19 @@ OPTIONS: dict[str, Option] = {
             _flag,
             "bool",
             parse=_yes_no,
+        ),
+        Option(
+            "start_method",
+            None,
+            "how workers start: 'fork' (fastest; a forked worker cannot use a GPU the "
+            "kernel already initialised), 'spawn' (fresh interpreters: about 1.5 s slower, "
+            "works whatever the kernel did; the function and its arguments are pickled by "
+            "value), or 'auto': fork unless the kernel can no longer, then spawn and say "
+            f"why (default: auto, or ${ENV_START_METHOD})",
+            _one_of("start_method", START_METHODS, optional=True),
+            "str | None",
+            choices=START_METHODS,
+            parse=str,
         ),
         Option(
             "return_all",

@@ -8,6 +8,8 @@ to do; nothing has been started when one is raised.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 import os
 import warnings
@@ -16,8 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.config import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
+from notebook_accel.launch.fresh import resolve_start_method
 from notebook_accel.launch.options import check_options
-from notebook_accel.platforms import Hardware, Platform, default_platform, platform_named
+from notebook_accel.platforms import (
+    Hardware,
+    LaunchRefused,
+    Platform,
+    default_platform,
+    platform_named,
+)
 from notebook_accel.platforms import detect_hardware as detect
 
 DEFAULT_MULTINODE_PORT = 29500
@@ -52,6 +61,10 @@ class LaunchPlan:
     single_in_process: bool = True
     # Import here, after the run, what the workers imported (launch/warm.py).
     warm: bool = True
+    # "fork", or "spawn" (fresh interpreters, launch/fresh.py); with the reason
+    # the fork start could not be used when start_method="auto" chose spawn.
+    start_method: str = "fork"
+    fresh_start_reason: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -95,11 +108,14 @@ class LaunchPlan:
             environment=self.environment(port, attempt),
             threads_per_process=self.threads_per_process,
             return_all=self.return_all,
-            worker_environment=lambda local_rank: self.platform.worker_environment(
-                local_rank, self.devices
+            # Picklable as they are, for workers started in fresh interpreters.
+            worker_environment=functools.partial(
+                self.platform.worker_environment, devices=self.devices
             ),
             run=self.platform.run_in_worker,
-            report_imports=self.warm,
+            # A fresh interpreter imports everything itself, whatever this process holds.
+            report_imports=self.warm and self.start_method == "fork",
+            start_method=self.start_method,
         )
 
 
@@ -150,8 +166,7 @@ def plan_launch(
         single_in_process=single_in_process and platform.single_worker_in_process,
         warm=values["warm"],
     )
-    _check_how_it_runs(plan)
-    return plan
+    return _check_how_it_runs(plan, values["start_method"])
 
 
 def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform, int]:
@@ -211,7 +226,7 @@ def _port(values: dict[str, Any]) -> int | None:
     return values["use_port"]
 
 
-def _check_how_it_runs(plan: LaunchPlan) -> None:
+def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan:
     if plan.in_process:
         if plan.timeout is not None:
             raise ValueError(
@@ -220,13 +235,75 @@ def _check_how_it_runs(plan: LaunchPlan) -> None:
             )
         if plan.max_restarts:
             raise ValueError("max_restarts= needs worker processes; use num_processes=2 or more.")
-        return
+        return plan
     if not hasattr(os, "fork"):
         raise RuntimeError(
-            "notebook_launcher forks worker processes, which this operating system "
-            "cannot do. Use num_processes=1, or run under Linux or WSL."
+            "notebook_launcher starts worker processes the way Linux does, which this "
+            "operating system cannot. Use num_processes=1, or run under Linux or WSL."
         )
-    plan.platform.check_parent_is_clean()
+    method, reason = choose_start_method(
+        resolve_start_method(start_method), plan.platform, plan.args, plan.kwargs
+    )
+    return dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
+
+
+def choose_start_method(
+    asked: str, platform: Platform, args: tuple = (), kwargs: dict | None = None
+) -> tuple[str, str | None]:
+    """("fork" or "spawn", why forking could not work when "auto" chose spawn).
+
+    Forking is fast and needs nothing pickled, but a forked worker cannot use a
+    GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
+    Raises LaunchRefused where the asked method cannot work, before anything starts.
+    """
+    problem = platform.fork_problem() or _gpu_tensors_problem(platform, args, kwargs or {})
+    if asked == "fork":
+        if problem:
+            raise LaunchRefused(
+                f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
+                "(or pass 'spawn') to start the workers in fresh interpreters, or restart "
+                "the kernel and touch the device only inside the training function."
+            )
+        return "fork", None
+    if asked == "spawn" or problem:
+        fresh_problem = platform.fresh_start_problem()
+        if fresh_problem:
+            because = f"{problem}; " if problem else ""
+            raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
+        return "spawn", problem if asked == "auto" else None
+    return "fork", None
+
+
+def _gpu_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:
+    """Workers that do not run on CUDA (CPU ones) can be forked from a kernel that
+    uses a GPU, but cannot read a GPU tensor they inherit."""
+    import torch
+
+    if platform.name == "cuda" or not torch.cuda.is_initialized():
+        return None
+    if holds_gpu_tensors((args, kwargs)):
+        return (
+            "the arguments hold tensors on a GPU, which a forked worker cannot read "
+            "(fresh interpreters get them on the CPU)"
+        )
+    return None
+
+
+def holds_gpu_tensors(value: Any, depth: int = 0) -> bool:
+    """Whether `value` (containers and modules, a few levels deep) holds a CUDA tensor."""
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value.device.type == "cuda"
+    if isinstance(value, torch.nn.Module):
+        return any(t.device.type == "cuda" for t in (*value.parameters(), *value.buffers()))
+    if depth >= 4:
+        return False
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple, set)):
+        return any(holds_gpu_tensors(item, depth + 1) for item in value)
+    return False
 
 
 def _check_not_in_worker() -> None:

@@ -62,6 +62,8 @@ class RunReport:
     world_size: int = 0
     backend: str = ""
     mixed_precision: str = "no"
+    # How the workers started: "fork", "spawn" (fresh interpreters) or "in process".
+    start_method: str = ""
     results: dict[int, Any] = field(default_factory=dict)
     error: BaseException | None = None
     restarts: int = 0
@@ -88,6 +90,7 @@ class RunReport:
             world_size=plan.world_size,
             backend=plan.settings.backend,
             mixed_precision=plan.settings.mixed_precision,
+            start_method="in process" if plan.in_process else plan.start_method,
             started_at=started_at,
             main_rank=plan.node_rank * plan.local_world_size,
         )

@@ -1,4 +1,4 @@
-"""The launching process's side of a group of forked workers: start, watch, stop.
+"""The launching process's side of a group of workers: start, watch, stop.
 
 The launching process waits on one selector for everything a worker can do:
 write output, send an event down its channel, or exit (its sentinel).
@@ -7,12 +7,14 @@ behind: SIGTERM, a short grace period, then SIGKILL, as
 torch.distributed.elastic does. Each worker leads its own process group, and
 `stop()` kills those groups too, so what a worker started goes with it; a
 janitor process (launch/forking.py) does the same if this process dies. What
-runs inside each worker is launch/worker.py.
+runs inside each worker is launch/worker.py; workers are forked, or started
+in fresh interpreters (launch/fresh.py) when the kernel can no longer fork them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import multiprocessing
 import multiprocessing.connection
 import os
@@ -46,6 +48,7 @@ from notebook_accel.launch.forking import (
     parent_only,
     parent_only_fds,
 )
+from notebook_accel.launch.fresh import FreshProcess, ship
 
 # Imported here, in the launching process, so that forked workers inherit
 # the child's runtime and what it imports instead of each importing them
@@ -220,33 +223,49 @@ class WorkerGroup:
     # -- starting --------------------------------------------------------------
 
     def start(self) -> None:
-        """Fork the janitor, then one worker per local rank."""
-        context = multiprocessing.get_context("fork")
-        # An interrupt between a fork and the bookkeeping would leave a worker
+        """Fork the janitor, then start one worker per local rank."""
+        # An interrupt between a start and the bookkeeping would leave a worker
         # that stop() does not know about: it waits until every worker is known.
         # The fork lock keeps another launch's thread out of store creation and
         # name lookups while these forks copy the process.
         with guarded():
             self._janitor.start()
-            for local_rank in range(self.spec.local_world_size):
-                self._start_one(context, local_rank)
+            if self.spec.start_method == "spawn":
+                self._start_fresh()
+            else:
+                context = multiprocessing.get_context("fork")
+                for local_rank in range(self.spec.local_world_size):
+                    self._start_one(functools.partial(self._forked, context), local_rank)
 
-    def _start_one(self, context: Any, local_rank: int) -> None:
+    def _start_fresh(self) -> None:
+        spec_fd = ship(self.spec)  # pickled once, read by every worker
+        try:
+            for local_rank in range(self.spec.local_world_size):
+                self._start_one(functools.partial(FreshProcess, spec_fd), local_rank)
+        finally:
+            os.close(spec_fd)
+
+    def _forked(
+        self, context: Any, local_rank: int, out_w: int, err_w: int, chan_w: int, name: str
+    ) -> multiprocessing.process.BaseProcess:
+        # The child must hold no read end of any pipe (its own, those of the
+        # workers started before it, those of another launch), nor a socket or
+        # janitor pipe of this process.
+        inherited = parent_only_fds()
+        return context.Process(
+            target=worker_main,
+            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
+            name=name,
+            daemon=False,
+        )
+
+    def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         chan_r, chan_w = os.pipe()
         for fd in (out_r, err_r, chan_r):
             parent_only(fd)
-        # The child must hold no read end of any pipe (its own, those of the
-        # workers started before it, those of another launch), nor a socket or
-        # janitor pipe of this process.
-        inherited = parent_only_fds()
-        process = context.Process(
-            target=worker_main,
-            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
-            name=f"notebook_accel-worker-{local_rank}",
-            daemon=False,
-        )
+        process = make(local_rank, out_w, err_w, chan_w, name=f"notebook_accel-worker-{local_rank}")
         try:
             process.start()
         except BaseException:

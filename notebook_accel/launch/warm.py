@@ -320,13 +320,10 @@ def _interrupt_main() -> None:
 
 
 def _device_problem(platforms: list) -> str | None:
-    from notebook_accel.platforms.base import LaunchRefused
-
     for platform in platforms:
-        try:
-            platform.check_parent_is_clean()
-        except LaunchRefused as refused:
-            return str(refused).split(". ")[0]
+        problem = platform.fork_problem()
+        if problem:
+            return problem
     return None
 
 

@@ -9,6 +9,7 @@ and exits. The launching process's side is launch/supervisor.py.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import faulthandler
 import functools
 import inspect
@@ -66,6 +67,19 @@ class WorkerSpec:
     worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
     # Send, at the end, the modules the worker imported itself (launch/warm.py).
     report_imports: bool = False
+    # "fork", or "spawn": a fresh interpreter (launch/fresh.py), which gets the
+    # function and its arguments pickled by value in `shipped` instead.
+    start_method: str = "fork"
+    shipped: bytes | None = None
+
+    def unpacked(self) -> WorkerSpec:
+        """This spec with the shipped function and arguments unpickled (in the worker)."""
+        if self.shipped is None:
+            return self
+        from notebook_accel.launch.fresh import unpack
+
+        function, args, kwargs = unpack(self.shipped)
+        return dataclasses.replace(self, function=function, args=args, kwargs=kwargs, shipped=None)
 
     def global_rank(self, local_rank: int) -> int:
         return self.node_rank * self.local_world_size + local_rank
@@ -138,6 +152,7 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
     """Call the function and send back what came of it; return the exit status."""
     rank = spec.global_rank(local_rank)
     try:
+        spec = _unpacked(spec)
         value = _call_user_function(spec, local_rank)
         _send_peak_resources(channel, rank)
         if rank == spec.global_rank(0) or spec.return_all:
@@ -153,6 +168,17 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         _send_error(channel, rank, error, spec.function)
         return 1
     return 0
+
+
+def _unpacked(spec: WorkerSpec) -> WorkerSpec:
+    try:
+        return spec.unpacked()
+    except Exception as error:
+        raise RuntimeError(
+            "this worker, started in a fresh interpreter, could not load the function or its "
+            f"arguments ({type(error).__name__}: {error}). Whatever they refer to must be "
+            "importable here too: define it in the notebook, or install its module"
+        ) from error
 
 
 def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:

@@ -125,8 +125,22 @@ class Platform:
         if problem:
             raise ValueError(f"mixed_precision={precision!r} cannot run here: {problem}.")
 
+    def fork_problem(self) -> str | None:
+        """Why workers forked from this process now could not use the device, or None.
+
+        Then the launcher starts them in fresh interpreters (launch/fresh.py).
+        """
+        return None
+
+    def fresh_start_problem(self) -> str | None:
+        """Why even workers in fresh interpreters could not use the device, or None."""
+        return None
+
     def check_parent_is_clean(self) -> None:
         """Raise LaunchRefused if this process can no longer fork working workers."""
+        problem = self.fork_problem()
+        if problem:
+            raise LaunchRefused(problem)
 
     def guard_runtime_start(self, refuse: Callable[[], bool]) -> Callable[[], None]:
         """While `refuse()` is true, make starting this device's runtime raise

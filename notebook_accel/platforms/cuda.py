@@ -10,6 +10,7 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
+import sys
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -17,9 +18,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_accel import ops
-from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
+from notebook_accel import cuda_origin, ops
+from notebook_accel.platforms.base import DistributedType, Platform
 from notebook_accel.platforms.hardware import GpuInfo, Hardware, cpu_cores
+
+# Name the line that starts CUDA in this process, should one do so before a launch.
+cuda_origin.watch()
 
 
 class CudaPlatform(Platform):
@@ -83,22 +87,22 @@ class CudaPlatform(Platform):
                 )
         return None
 
-    def check_parent_is_clean(self) -> None:
+    def fork_problem(self) -> str | None:
         if torch.cuda.is_initialized():
-            raise LaunchRefused(
-                "CUDA is already initialised in this kernel, so forked workers cannot "
-                "use the GPUs. A cell touched a GPU before the launch (for example "
-                "model.to('cuda'), torch.cuda.get_device_name() or a tensor on 'cuda'). "
-                "Restart the kernel and run the cells in order, creating models and "
-                "tensors on the GPU only inside the training function."
+            found = cuda_origin.origin()
+            where = f" ({found.describe()})" if found else ""
+            return (
+                f"CUDA is already initialised in this process{where}, and a forked worker "
+                "cannot use a GPU once its parent has"
             )
         if _cuda_driver_initialised():
-            raise LaunchRefused(
-                "The CUDA driver is already initialised in this kernel (by a library "
-                "other than torch, or torch.cuda.is_available() with "
-                "PYTORCH_NVML_BASED_CUDA_CHECK=0), so forked workers cannot use the GPUs. "
-                "Restart the kernel and launch before anything touches CUDA."
+            return (
+                "the CUDA driver is already initialised in this process, by a library other "
+                "than torch (or torch.cuda.is_available() with PYTORCH_NVML_BASED_CUDA_CHECK=0)"
+                + _loaded_device_packages()
+                + ", and a forked worker cannot use a GPU once its parent has"
             )
+        return None
 
     def guard_runtime_start(self, refuse: Callable[[], bool]) -> Callable[[], None]:
         # torch starts CUDA through torch.cuda._lazy_init, the Python function
@@ -192,6 +196,11 @@ class CudaPlatform(Platform):
     def set_rng_states(self, states: dict[str, Any]) -> None:
         if "cuda" in states and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def _loaded_device_packages() -> str:
+    loaded = [name for name in CudaPlatform.device_packages if name in sys.modules]
+    return f"; loaded libraries that can do that: {', '.join(loaded)}" if loaded else ""
 
 
 def _nccl_staging_device() -> torch.device | None:

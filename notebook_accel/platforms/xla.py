@@ -43,7 +43,7 @@ import torch
 from notebook_accel import ops
 from notebook_accel.data import DataLoaderShard
 from notebook_accel.kwargs import InitProcessGroupKwargs
-from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
+from notebook_accel.platforms.base import DistributedType, Platform
 from notebook_accel.platforms.hardware import Hardware, XlaInfo
 
 INSTALL_HINT = 'pip install "notebook-accel[xla]"'
@@ -151,15 +151,25 @@ class XlaPlatform(Platform):
             return "TPUs compute in bfloat16, not float16; use mixed_precision='bf16'"
         return super().precision_problem(precision, hardware)
 
-    def check_parent_is_clean(self) -> None:
+    def fork_problem(self) -> str | None:
         if runtime_initialized_here():
-            raise LaunchRefused(
-                "The XLA runtime is already initialised in this kernel, so forked workers "
-                "cannot use the TPU. A cell touched an XLA device before the launch (for "
-                "example torch_xla.device(), xm.xla_device(), model.to('xla') or "
-                "xr.world_size()). Restart the kernel and run the cells in order, creating "
-                "models and tensors on the XLA device only inside the training function."
+            return (
+                "the XLA runtime is already initialised in this process (a cell touched an "
+                "XLA device: torch_xla.device(), xm.xla_device(), model.to('xla') or "
+                "xr.world_size()), and forked workers cannot use the TPU after that"
             )
+        return None
+
+    def fresh_start_problem(self) -> str | None:
+        if runtime_initialized_here() and os.environ.get("PJRT_DEVICE", "TPU") == "TPU":
+            # One process at a time can hold a TPU (pytorch/xla#9303).
+            return (
+                "this process holds the TPU, which one process at a time can use, so workers "
+                "in fresh interpreters could not open it either. Restart the kernel and run "
+                "the cells in order, creating models and tensors on the XLA device only "
+                "inside the training function"
+            )
+        return None
 
     def worker_environment(self, local_rank: int, devices: list[int] | None) -> dict[str, str]:
         # Said outright, so torch_xla does not guess (and warn) in every worker.

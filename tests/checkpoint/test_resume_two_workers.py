@@ -172,6 +172,7 @@ def uninterrupted(tmp_path_factory):
 
 @pytest.mark.parametrize("precision", ["no", "bf16"])
 @pytest.mark.parametrize("stop_at", [(1, 3), (1, 6)], ids=["mid-epoch", "epoch-end"])
+@pytest.mark.usefixtures("each_start_method")
 def test_resume_in_a_new_launch_matches_an_uninterrupted_run(
     tmp_path, uninterrupted, precision, stop_at
 ):
@@ -210,6 +211,7 @@ def test_a_worker_killed_during_a_save_leaves_the_previous_checkpoint(
     assert not (checkpoints / ".checkpoint_1.partial").exists()
 
 
+@pytest.mark.usefixtures("each_start_method")
 def test_a_worker_that_dies_once_is_restarted_and_the_run_ends_as_if_it_never_died(
     tmp_path, uninterrupted, capsys
 ):

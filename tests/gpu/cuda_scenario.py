@@ -54,28 +54,65 @@ def train(precision_steps: int = 20) -> dict:
     }
 
 
-def launch(precision: str) -> dict:
+def train_given(model) -> dict:
+    """The notebook flow: a model the kernel loaded on its GPU, trained on every GPU."""
+    import os
+
+    import torch
+
+    from notebook_accel import Accelerator
+
+    received_on = str(next(model.parameters()).device)
+    accelerator = Accelerator()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    loss = model(torch.randn(8, 256, device=accelerator.device)).square().mean()
+    accelerator.backward(loss)
+    optimizer.step()
+    return {"received_on": received_on, "device": str(accelerator.device), "pid": os.getpid()}
+
+
+def launch(precision: str, function=train, args: tuple = (), **options) -> dict:
+    import warnings
+
     from notebook_accel import detect_hardware, last_run
     from notebook_accel.launch.launcher import run_plan
     from notebook_accel.launch.observers import ConsoleObserver
     from notebook_accel.launch.preflight import plan_launch
 
     gpus = len(detect_hardware().gpus)
+    started = time.perf_counter()
     plan = plan_launch(
-        function=train,
+        function=function,
+        args=args,
         num_processes=min(gpus, 2),
         mixed_precision=precision,
         backend="cuda",
         single_in_process=False,
         timeout=300,
+        **options,
     )
-    started = time.perf_counter()
-    result = run_plan(plan, ConsoleObserver())
+    with warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")
+        result = run_plan(plan, ConsoleObserver())
     return {
         **result,
         "seconds": time.perf_counter() - started,
         "resources": {str(k): v for k, v in last_run().resources.items()},
+        "start_method": last_run().start_method,
+        "fresh_start_reason": plan.fresh_start_reason,
+        "warnings": [str(w.message) for w in warned],
     }
+
+
+def evaluate_then_train() -> dict:
+    """Load and evaluate in this process on the GPU, then train on every GPU."""
+    import torch
+
+    model = torch.nn.Linear(256, 10).to("cuda")  # what a notebook cell does
+    with torch.no_grad():
+        model(torch.randn(4, 256, device="cuda"))
+    return launch("bf16", function=train_given, args=(model,))
 
 
 def in_kernel() -> dict:
@@ -139,9 +176,10 @@ def main() -> None:
     # CUDA here, so it comes after every forked launch.
     attempt("in_kernel", in_kernel, results)
 
-    # Touch CUDA here, as a careless cell would: the next launch must be refused.
-    torch.zeros(1, device="cuda")
-    attempt("after_cuda_init", lambda: launch("no"), results)
+    # CUDA is running here now, as after a cell that evaluated a model on the GPU:
+    # launches start fresh interpreters, and a forced fork is refused.
+    attempt("after_cuda_init", evaluate_then_train, results)
+    attempt("fork_after_cuda_init", lambda: launch("no", start_method="fork"), results)
     print("RESULTS " + json.dumps(results))
 
 

@@ -2,8 +2,9 @@
 
 One prepared run (cuda_scenario.py, its own process so CUDA starts untouched)
 covers: counting GPUs without initialising CUDA, forked workers on nccl, fp16
-with loss scaling, bf16 and fp8 where the GPU can, GPU memory figures, and the
-refusal once the kernel has initialised CUDA.
+with loss scaling, bf16 and fp8 where the GPU can, GPU memory figures, and
+workers in fresh interpreters once the kernel has initialised CUDA (a model on
+the kernel's GPU trained on every GPU).
 """
 
 from __future__ import annotations
@@ -100,7 +101,19 @@ def test_fp8_runs_or_names_what_is_missing(scenario):
         assert "fp8" in run["error"] and ("torchao" in run["error"] or "8.9" in run["error"])
 
 
-def test_a_launch_after_cuda_was_initialised_here_is_refused(scenario):
+def test_after_cuda_started_here_a_model_on_the_gpu_trains_in_fresh_interpreters(scenario):
     run = scenario["after_cuda_init"]
+    assert run["ok"], run.get("traceback")
+    assert run["start_method"] == "spawn"
+    assert "CUDA is already initialised" in run["fresh_start_reason"]
+    assert "cuda_scenario.py" in run["fresh_start_reason"]  # the line that started it
+    assert any("fresh interpreters" in text for text in run["warnings"])
+    # Each worker got the kernel's model on its own GPU, the one it trains on.
+    assert run["received_on"] == run["device"] == "cuda:0"
+    print(f"fork launch {scenario['no']['seconds']:.2f} s, fresh {run['seconds']:.2f} s")
+
+
+def test_forking_after_cuda_started_here_is_refused_with_the_way_out(scenario):
+    run = scenario["fork_after_cuda_init"]
     assert not run["ok"]
-    assert "CUDA is already initialised in this kernel" in run["error"]
+    assert "start_method='fork' cannot work here" in run["error"]

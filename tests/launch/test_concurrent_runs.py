@@ -5,11 +5,16 @@ from __future__ import annotations
 import threading
 import time
 
+import pytest
+
 from notebook_accel import Accelerator, last_run, notebook_launcher
 from notebook_accel.launch.launcher import run_plan
 from notebook_accel.launch.observers import RunObserver
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.report import RunReport
+
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
 
 
 def logs_as(tag: str, steps: int, pause: float) -> str:

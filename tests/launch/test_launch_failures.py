@@ -14,6 +14,9 @@ import torch.distributed as dist
 from notebook_accel import WorkerError, last_run, notebook_launcher
 from tests_support import live_children
 
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
+
 
 def rank() -> int:
     return int(os.environ["RANK"])

@@ -12,6 +12,9 @@ import pytest
 from notebook_accel import last_run, notebook_launcher
 from tests_support import live_children
 
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
+
 WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1)
 
 

@@ -28,6 +28,9 @@ from notebook_accel.launch.observers import RunObserver
 from tests_support import live_children
 from tests_support import open_fds_once_back_to as fds_back_to
 
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
+
 
 def short(seconds: float) -> int:
     time.sleep(seconds)

@@ -14,6 +14,9 @@ from notebook_accel import Accelerator, last_run, notebook_launcher, progress_ba
 from notebook_accel.launch.observers import RunObserver
 from notebook_accel.metrics import MetricRecord
 
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
+
 
 def logs_steps(steps, every_rank=False):
     accelerator = Accelerator()

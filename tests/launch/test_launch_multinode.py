@@ -5,7 +5,12 @@ from __future__ import annotations
 import sys
 import textwrap
 
+import pytest
+
 from tests_support import free_port, run_together
+
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
 
 NODE_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist

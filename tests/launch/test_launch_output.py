@@ -7,9 +7,13 @@ import os
 import sys
 import time
 
+import pytest
 import torch.distributed as dist
 
 from notebook_accel import notebook_launcher
+
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
 
 
 def chatty():

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import socket
+import sys
 import warnings
 
 import pytest
 import torch
 
-from notebook_accel import notebook_launcher, platforms
-from notebook_accel.launch.preflight import plan_launch
+from notebook_accel import cuda_origin, notebook_launcher, platforms
+from notebook_accel.cuda_origin import CudaOrigin
+from notebook_accel.launch import preflight
+from notebook_accel.launch.fresh import ENV_START_METHOD
+from notebook_accel.launch.launcher import fresh_start_message
+from notebook_accel.launch.preflight import holds_gpu_tensors, plan_launch
 from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda
 from tests_support import live_children
 
@@ -134,17 +139,84 @@ def test_devices_choose_gpus_through_cuda_visible_devices(monkeypatch):
         plan_launch(function=train, args=(0.1,), devices=[0, 1], num_processes=1, hardware=TWO_T4)
 
 
-def test_cuda_initialised_in_the_kernel_is_refused_with_the_way_out(monkeypatch):
+def test_cuda_initialised_in_the_kernel_means_fresh_interpreters_naming_the_culprit(monkeypatch):
+    monkeypatch.delenv(ENV_START_METHOD, raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    with pytest.raises(LaunchRefused, match="Restart the kernel and run the cells in order"):
+    culprit = CudaOrigin("bitsandbytes", "bitsandbytes/cextension.py:12", "cell In[3], line 2")
+    monkeypatch.setattr(cuda_origin, "_origin", culprit)
+    plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    assert plan.start_method == "spawn"
+    assert "CUDA is already initialised" in plan.fresh_start_reason
+    assert "by bitsandbytes (bitsandbytes/cextension.py:12), from cell In[3], line 2" in (
+        plan.fresh_start_reason
+    )
+    message = fresh_start_message(plan)
+    assert "restart the kernel" in message and "start_method='spawn'" in message
+    # Asking for a fork there is refused before anything starts, with both ways out.
+    with pytest.raises(LaunchRefused, match="start_method='fork' cannot work here") as refused:
+        plan_launch(function=train, args=(0.1,), hardware=TWO_T4, start_method="fork")
+    assert "cell In[3], line 2" in str(refused.value)
+    assert "restart the kernel" in str(refused.value)
+
+
+def test_a_clean_kernel_forks_unless_told_otherwise(monkeypatch):
+    monkeypatch.delenv(ENV_START_METHOD, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: False)
+    plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    assert (plan.start_method, plan.fresh_start_reason) == ("fork", None)
+    plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4, start_method="spawn")
+    assert (plan.start_method, plan.fresh_start_reason) == ("spawn", None)
+    monkeypatch.setenv(ENV_START_METHOD, "spawn")
+    assert plan_launch(function=train, args=(0.1,), hardware=TWO_T4).start_method == "spawn"
+    monkeypatch.setenv(ENV_START_METHOD, "vfork")
+    with pytest.raises(ValueError, match="NOTEBOOK_ACCEL_START_METHOD='vfork' must be one of"):
         plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    with pytest.raises(ValueError, match="start_method='forkserver' must be one of auto"):
+        plan_launch(function=train, args=(0.1,), hardware=TWO_T4, start_method="forkserver")
 
 
-def test_a_cuda_driver_initialised_by_another_library_is_refused(monkeypatch):
+def test_a_cuda_driver_initialised_by_another_library_means_fresh_interpreters(monkeypatch):
+    monkeypatch.delenv(ENV_START_METHOD, raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: True)
-    with pytest.raises(LaunchRefused, match="CUDA driver is already initialised"):
-        plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    monkeypatch.setitem(sys.modules, "cupy", sys)  # a loaded library that can start CUDA
+    plan = plan_launch(function=train, args=(0.1,), hardware=TWO_T4)
+    assert plan.start_method == "spawn"
+    assert "CUDA driver is already initialised" in plan.fresh_start_reason
+    assert "loaded libraries that can do that: cupy" in plan.fresh_start_reason
+
+
+def test_cpu_workers_given_gpu_tensors_start_fresh(monkeypatch):
+    monkeypatch.delenv(ENV_START_METHOD, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(preflight, "holds_gpu_tensors", lambda value: True)
+    plan = plan_launch(function=train, args=(0.1,), backend="cpu", num_processes=2)
+    assert plan.start_method == "spawn" and "tensors on a GPU" in plan.fresh_start_reason
+    monkeypatch.setattr(preflight, "holds_gpu_tensors", lambda value: False)
+    plan = plan_launch(function=train, args=(0.1,), backend="cpu", num_processes=2)
+    assert plan.start_method == "fork"
+
+
+def test_gpu_tensors_are_found_in_containers_and_modules():
+    cpu_only = {"model": torch.nn.Linear(2, 2), "data": [torch.ones(2), (1, "a")]}
+    assert not holds_gpu_tensors(cpu_only)
+    meta = torch.nn.Linear(2, 2, device="meta")  # a device that is not a GPU either
+    assert not holds_gpu_tensors((meta,))
+    assert holds_gpu_tensors(({"batch": [torch.ones(2).as_subclass(OnGpu)]},))
+    model = torch.nn.Linear(2, 2)
+    model.register_buffer("scale", torch.ones(1).as_subclass(OnGpu))
+    assert holds_gpu_tensors(((model,), {}))
+
+
+class OnGpu(torch.Tensor):
+    """A CPU tensor that says it is on a GPU (this suite also runs without one)."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", 0)
 
 
 def test_driver_probe_never_loads_libcuda_itself(monkeypatch):

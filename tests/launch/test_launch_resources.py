@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import psutil
+import pytest
 import torch
 import torch.distributed as dist
 
 from notebook_accel import notebook_launcher
 from tests_support import live_children
+
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
 
 
 def all_reduce_once():

@@ -15,6 +15,9 @@ from notebook_accel import last_run, notebook_launcher
 from notebook_accel.config import LaunchSettings
 from tests_support import live_children
 
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
+
 
 def sum_of_ranks(scale: float, offset: float = 0.0):
     dist.init_process_group("gloo")

@@ -20,6 +20,7 @@ import threading
 import time
 from collections import Counter
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -30,6 +31,9 @@ from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.supervisor import StopSignal
 from tests_support import live_children
 from tests_support import open_fds_once_back_to as fds_back_to
+
+# Every test here runs with forked workers and with workers in fresh interpreters.
+pytestmark = pytest.mark.usefixtures("each_start_method")
 
 # Launching stops after this long (the test then waits for the thread).
 BUDGET_SECONDS = 25.0
@@ -137,7 +141,7 @@ def cell_style_launch(rng: random.Random, outcomes: Counter) -> None:
     outcomes[outcome] += 1
 
 
-def test_random_stops_deaths_and_two_launching_threads_never_hang_or_leak():
+def test_random_stops_deaths_and_two_launching_threads_never_hang_or_leak(each_start_method):
     # The first store in a process opens descriptors torch keeps for good.
     assert flaky_once() == 100
     fds = {int(name) for name in os.listdir("/proc/self/fd")}
@@ -163,7 +167,9 @@ def test_random_stops_deaths_and_two_launching_threads_never_hang_or_leak():
     assert not thread.is_alive(), "a panel-style launch hung"
     assert not failures, failures
     print(f"cell-style launches: {dict(cell)}; panel-style launches: {dict(panel)}")
-    assert sum(cell.values()) >= 10 and sum(panel.values()) >= 10
+    # A fresh interpreter takes about 1.5 s to start, so fewer launches fit the budget.
+    at_least = 10 if each_start_method == "fork" else 6
+    assert sum(cell.values()) >= at_least and sum(panel.values()) >= at_least
     assert cell["finished"] and panel["finished"] and cell["stopped"] and panel["stopped"]
     assert cell["worker error"] and panel["worker error"]
     assert live_children() == []

@@ -15,6 +15,7 @@ import torch
 
 from notebook_accel import last_run, notebook_launcher
 from notebook_accel.launch import warm
+from notebook_accel.launch.fresh import ENV_START_METHOD
 from notebook_accel.launch.options import OPTIONS, LaunchConfig
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused
@@ -150,6 +151,7 @@ def test_a_module_that_would_start_cuda_is_stopped_before_it_does(warmer, stand_
         installed=True,
     )
     stand_ins("after_it", "VALUE = 3", installed=True)
+    unguarded = torch.cuda._lazy_init
     launch_importing("starts_cuda", "after_it")
     warming = last_run().warming
     assert warming.wait(30)
@@ -157,10 +159,10 @@ def test_a_module_that_would_start_cuda_is_stopped_before_it_does(warmer, stand_
     assert "would initialise CUDA" in warming.skipped["starts_cuda"]
     assert "starts_cuda" not in sys.modules and not torch.cuda.is_initialized()
     assert warming.modules == ["after_it"] and warming.status == "done"
-    assert torch.cuda._lazy_init.__module__ == "torch.cuda"  # the guard is gone again
+    assert torch.cuda._lazy_init is unguarded  # the guard is gone again
 
 
-def test_warming_stops_if_a_device_started_anyway_and_the_launch_still_refuses(
+def test_warming_stops_if_a_device_started_anyway_and_gpu_launches_start_fresh(
     warmer, stand_ins, monkeypatch
 ):
     monkeypatch.setattr(torch.cuda, "_initialized", False)  # restored after the test
@@ -174,19 +176,28 @@ def test_warming_stops_if_a_device_started_anyway_and_the_launch_still_refuses(
 
     assert warming.status == "stopped" and "importing sneaks_cuda" in warming.problem
     assert "never_reached" not in sys.modules
-    with pytest.raises(LaunchRefused, match="CUDA is already initialised"):
-        plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
+    monkeypatch.delenv(ENV_START_METHOD, raising=False)
+    plan = plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
+    assert plan.start_method == "spawn" and "CUDA is already initialised" in (
+        plan.fresh_start_reason
+    )
     # and warming stays off in this process
     launch_importing("never_reached")
     assert last_run().warming.status == "off" and "sneaks_cuda" in last_run().warming.problem
 
 
-def test_a_kernel_that_initialised_cuda_before_is_still_refused(warmer, monkeypatch):
+def test_a_kernel_that_initialised_cuda_before_still_cannot_fork_gpu_workers(warmer, monkeypatch):
     monkeypatch.setattr(torch.cuda, "_initialized", True)  # a cell touched a GPU
     launch_importing("json")  # CPU workers may still run
     assert last_run().warming.wait(30)
-    with pytest.raises(LaunchRefused, match="Restart the kernel"):
-        plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
+    with pytest.raises(LaunchRefused, match="start_method='fork' cannot work here"):
+        plan_launch(
+            function=import_each,
+            num_processes=2,
+            backend="cuda",
+            hardware=TWO_GPUS,
+            start_method="fork",
+        )
 
 
 def test_a_fork_waits_for_the_import_in_progress(warmer, stand_ins):

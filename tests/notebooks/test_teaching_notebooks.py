@@ -39,6 +39,9 @@ EXPECTED_WITHOUT_GPUS = {
         "{'rank': 1, 'device': 'cpu', 'batches': 48",
         "every worker ends with the same weights: True",
         "CUDA initialised in this kernel: False",
+        "accuracy before training, evaluated in the kernel on cpu: 0.",
+        "the workers started with: spawn",
+        "accuracy after training on 2 worker(s): 0.9",
     ],
     "04_collectives.ipynb": [
         "rank 1: [10, 11]                     -> [0, 1, 10, 11]",

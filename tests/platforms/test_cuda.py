@@ -47,10 +47,11 @@ def test_worker_sees_only_its_chosen_gpus(monkeypatch):
     assert CudaPlatform().worker_environment(0, [2]) == {"CUDA_VISIBLE_DEVICES": "6"}
 
 
-def test_refused_once_cuda_is_initialised_here(monkeypatch):
+def test_no_forking_once_cuda_is_initialised_here(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    with pytest.raises(LaunchRefused, match="Restart the kernel"):
+    with pytest.raises(LaunchRefused, match="a forked worker cannot use a GPU"):
         CudaPlatform().check_parent_is_clean()
+    assert CudaPlatform().fresh_start_problem() is None  # fresh interpreters still can
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
     monkeypatch.setattr(cuda, "_cuda_driver_initialised", lambda: False)
     CudaPlatform().check_parent_is_clean()

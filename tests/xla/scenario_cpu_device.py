@@ -114,6 +114,11 @@ def fails() -> None:
     raise ValueError("this worker fails on purpose")
 
 
+def device_sum() -> float:
+    accelerator = Accelerator()
+    return torch.ones(2, device=accelerator.device).sum().item()
+
+
 def hangs() -> None:
     accelerator = Accelerator()
     torch.ones(2, device=accelerator.device).sum().item()
@@ -171,15 +176,19 @@ def main() -> None:
     except TimeoutError:
         report("timeout", seconds=round(time.monotonic() - started, 1))
 
-    # Touching an XLA device here, in the launching process, starts the runtime;
-    # the next launch must then be refused before anything is forked.
+    # Touching an XLA device here, in the launching process, starts the runtime:
+    # a forked worker could no longer use it, so a launch that must fork is
+    # refused before anything starts, and the default starts a fresh interpreter
+    # (on this CPU device; a TPU, held by this process, would be refused too).
     import torch_xla
 
     torch.ones(1, device=torch_xla.device()).sum().item()
     try:
-        notebook_launcher(fails, **launch)
+        notebook_launcher(fails, start_method="fork", **launch)
     except RuntimeError as error:
         report("refused", message=str(error))
+    value = notebook_launcher(device_sum, **launch)
+    report("fresh", value=value, start_method=last_run().start_method)
 
 
 if __name__ == "__main__":

@@ -120,5 +120,8 @@ def test_timeout_stops_the_worker(scenario):
     assert 15 <= scenario["checks"]["timeout"]["seconds"] < 25
 
 
-def test_launch_refused_once_the_runtime_started_here(scenario):
+def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_works(scenario):
     assert "XLA runtime is already initialised" in scenario["checks"]["refused"]["message"]
+    assert "start_method='fork' cannot work here" in scenario["checks"]["refused"]["message"]
+    fresh = scenario["checks"]["fresh"]
+    assert fresh["value"] == 2.0 and fresh["start_method"] == "spawn"
