@@ -40,6 +40,25 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "notebook_accel.kwargs",
     "ProjectConfiguration": "notebook_accel.kwargs",
     "TorchDynamoPlugin": "notebook_accel.kwargs",
+    # device maps and checkpoints for big models (Accelerate's accelerate.utils.modeling)
+    "infer_auto_device_map": "notebook_accel.big_modeling.device_map",
+    "check_device_map": "notebook_accel.big_modeling.device_map",
+    "clean_device_map": "notebook_accel.big_modeling.device_map",
+    "get_balanced_memory": "notebook_accel.big_modeling.memory",
+    "get_max_memory": "notebook_accel.big_modeling.memory",
+    "get_max_layer_size": "notebook_accel.big_modeling.memory",
+    "compute_module_sizes": "notebook_accel.big_modeling.memory",
+    "calculate_maximum_sizes": "notebook_accel.big_modeling.memory",
+    "convert_file_size_to_int": "notebook_accel.big_modeling.memory",
+    "dtype_byte_size": "notebook_accel.big_modeling.memory",
+    "find_tied_parameters": "notebook_accel.big_modeling.memory",
+    "load_checkpoint_in_model": "notebook_accel.big_modeling.loading",
+    "set_module_tensor_to_device": "notebook_accel.big_modeling.tensors",
+    "offload_state_dict": "notebook_accel.big_modeling.offload",
+    "offload_weight": "notebook_accel.big_modeling.offload",
+    "load_offload_index": "notebook_accel.big_modeling.offload",
+    "save_offload_index": "notebook_accel.big_modeling.offload",
+    "OffloadedWeightsLoader": "notebook_accel.big_modeling.offload",
 }
 
 __all__ = sorted(_EXPORTS)

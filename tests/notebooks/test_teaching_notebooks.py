@@ -63,6 +63,13 @@ EXPECTED_WITHOUT_GPUS = {
         "same weights as the run that never died: True",
         "worker rank 1 exited with code 9; the other workers were stopped.",
     ],
+    "07_big_models.ipynb": [
+        "model: 17.1 MB in 6 shards",
+        "onto ['cpu', 'disk']",
+        "model bigger than the budget: True",
+        "same tokens as the model in one piece: True",
+        "pipelined over 2 workers, same logits as one process: True",
+    ],
 }
 
 # Notebooks whose launch shows widgets (the live view, the panel), not only text.
