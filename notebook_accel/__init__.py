@@ -30,6 +30,8 @@ _EXPORTS = {
     "LaunchConfig": "notebook_accel.launch.options",
     "detect_hardware": "notebook_accel.platforms",
     "Hardware": "notebook_accel.platforms",
+    "start_workers": "notebook_accel.live",
+    "LiveWorkers": "notebook_accel.live",
     "panel": "notebook_accel.ui.panel",
     "LaunchPanel": "notebook_accel.ui.panel",
     "Accelerator": "notebook_accel.accelerator",
@@ -80,6 +82,7 @@ if TYPE_CHECKING:
     from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
+    from notebook_accel.live import LiveWorkers, start_workers
     from notebook_accel.logging import get_logger
     from notebook_accel.platforms import DistributedType, Hardware, detect_hardware
     from notebook_accel.progress import progress_bar, set_progress_hook

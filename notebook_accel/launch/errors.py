@@ -40,18 +40,22 @@ class WorkerError(RuntimeError):
     """A worker raised, exited non-zero or was killed; the others were stopped.
 
     `rank`, `exitcode` and `traceback` describe the first failure (the cause);
-    `failures` lists every worker that ended badly, the cause first.
+    `failures` lists every worker that ended badly, the cause first. `ending`
+    says what became of the workers (live workers may still be running).
     """
 
-    def __init__(self, failures: list[WorkerFailure]):
+    def __init__(
+        self, failures: list[WorkerFailure], ending: str = "the other workers were stopped."
+    ):
         if not failures:
             raise ValueError("WorkerError needs at least one failure")
         self.failures = list(failures)
+        self.ending = ending
         first = self.failures[0]
         self.rank = first.rank
         self.exitcode = first.exitcode
         self.traceback = first.traceback
-        lines = [first.describe() + "; the other workers were stopped."]
+        lines = [f"{first.describe()}; {ending}"]
         if first.traceback:
             lines += ["", f"Traceback from rank {first.rank}:", first.traceback.rstrip()]
         if len(self.failures) > 1:
@@ -60,4 +64,4 @@ class WorkerError(RuntimeError):
         super().__init__("\n".join(lines))
 
     def __reduce__(self):
-        return (type(self), (self.failures,))
+        return (type(self), (self.failures, self.ending))

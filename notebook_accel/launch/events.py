@@ -78,6 +78,21 @@ class WorkerRaised:
     time: float
 
 
+@dataclass
+class CallFinished:
+    """A live worker finished a call (notebook_accel/live): its value, or its error.
+
+    `call_id` 0 is the worker saying it has joined the group and waits for calls.
+    """
+
+    rank: int
+    call_id: int
+    value: Any = None
+    error: str = ""  # "ZeroDivisionError: division by zero"; empty when it returned
+    traceback: str = ""
+    seconds: float = 0.0
+
+
 @dataclass(frozen=True)
 class Unreadable:
     """Bytes from a worker that the launching process could not unpickle."""
@@ -128,7 +143,9 @@ class RunEnded:
 
 
 # Events a worker sends down its channel.
-ChannelEvent = MetricRecord | Progress | PeakResources | ModulesImported | Result | WorkerRaised
+ChannelEvent = (
+    MetricRecord | Progress | PeakResources | ModulesImported | Result | WorkerRaised | CallFinished
+)
 RunEvent = (
     ChannelEvent
     | ResourceSample

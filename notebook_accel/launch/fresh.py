@@ -152,17 +152,15 @@ class FreshProcess:
         stdout_fd: int,
         stderr_fd: int,
         channel_fd: int,
+        command_fd: int | None,
         name: str,
     ) -> None:
         self.name = name
-        self._argv = [
-            sys.executable,
-            "-c",
-            _BOOTSTRAP,
-            json.dumps(sys.path),
-            *map(str, (spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, os.getpid())),
-        ]
-        self._fds = (spec_fd, stdout_fd, stderr_fd, channel_fd)
+        fds = (spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, os.getpid(), command_fd)
+        self._argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), *map(str, fds)]
+        self._fds = tuple(
+            fd for fd in (spec_fd, stdout_fd, stderr_fd, channel_fd, command_fd) if fd is not None
+        )
         self._stdout, self._stderr = stdout_fd, stderr_fd
         self._popen: subprocess.Popen | None = None
         self.sentinel = -1
@@ -211,13 +209,14 @@ class FreshProcess:
 
 def child_main(argv: list[str]) -> None:
     """Read the spec the kernel shipped, then run as any worker does (never returns)."""
-    spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid = map(int, argv)
+    spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid = map(int, argv[:6])
+    command_fd = None if argv[6] == "None" else int(argv[6])
     blob = _read_all(spec_fd)
     os.close(spec_fd)
     from notebook_accel.launch.worker import worker_main
 
     spec = cloudpickle.loads(blob)
-    worker_main(spec, local_rank, stdout_fd, stderr_fd, channel_fd, [], parent_pid)
+    worker_main(spec, local_rank, stdout_fd, stderr_fd, channel_fd, [], parent_pid, command_fd)
 
 
 def _read_all(fd: int) -> bytes:

@@ -177,6 +177,7 @@ class _Worker:
     rank: int
     local_rank: int
     process: multiprocessing.process.BaseProcess
+    command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
     exitcode: int | None = None
     noticed_at: float = 0.0
@@ -246,7 +247,14 @@ class WorkerGroup:
             os.close(spec_fd)
 
     def _forked(
-        self, context: Any, local_rank: int, out_w: int, err_w: int, chan_w: int, name: str
+        self,
+        context: Any,
+        local_rank: int,
+        out_w: int,
+        err_w: int,
+        chan_w: int,
+        command_r: int | None,
+        name: str,
     ) -> multiprocessing.process.BaseProcess:
         # The child must hold no read end of any pipe (its own, those of the
         # workers started before it, those of another launch), nor a socket or
@@ -254,7 +262,7 @@ class WorkerGroup:
         inherited = parent_only_fds()
         return context.Process(
             target=worker_main,
-            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid()),
+            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid(), command_r),
             name=name,
             daemon=False,
         )
@@ -263,23 +271,29 @@ class WorkerGroup:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
         chan_r, chan_w = os.pipe()
-        for fd in (out_r, err_r, chan_r):
+        # Live workers read their calls from a pipe whose write end stays here.
+        command_r, command_w = os.pipe() if self.spec.commands else (None, None)
+        ours = [fd for fd in (out_r, err_r, chan_r, command_w) if fd is not None]
+        theirs = [fd for fd in (out_w, err_w, chan_w, command_r) if fd is not None]
+        for fd in ours:
             parent_only(fd)
-        process = make(local_rank, out_w, err_w, chan_w, name=f"notebook_accel-worker-{local_rank}")
+        process = make(
+            local_rank, out_w, err_w, chan_w, command_r, name=f"notebook_accel-worker-{local_rank}"
+        )
         try:
             process.start()
         except BaseException:
-            for fd in (out_r, err_r, chan_r):
+            for fd in ours:
                 close_parent_only(fd)
             raise
         finally:
-            for fd in (out_w, err_w, chan_w):
+            for fd in theirs:
                 os.close(fd)
         # The worker makes itself a group leader too; both, so that neither order wins a race.
         with contextlib.suppress(OSError):
             os.setpgid(process.pid, process.pid)
         self._janitor.watch(process.pid)
-        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process)
+        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process, command_w)
         self.workers.append(worker)
         self._watch(out_r, _Pipe(worker, "stdout"))
         self._watch(err_r, _Pipe(worker, "stderr"))
@@ -453,6 +467,67 @@ class WorkerGroup:
             for worker in sorted(workers, key=order)
         ]
 
+    # -- live workers (notebook_accel/live) ---------------------------------------
+
+    def serve_until(
+        self, done: Callable[[], bool], deadline: float | None, stop: StopSignal | None
+    ) -> None:
+        """Handle the workers' events until `done()` is true.
+
+        For live workers, which exit only when their calls end: raises
+        WorkerError when a worker exits (after SETTLE_SECONDS, so that the
+        cause comes first), TimeoutError at `deadline`, KeyboardInterrupt
+        once `stop` is set.
+        """
+        extra = stop is not None and stop is not self.stop_signal
+        if extra:
+            self._selector.register(stop.fileno(), selectors.EVENT_READ)
+        try:
+            settle_until: float | None = None
+            while not done():
+                if settle_until is not None and time.monotonic() >= settle_until:
+                    raise WorkerError(self._failures_cause_first(self._ended_workers()))
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt("the run was stopped")
+                if settle_until is None and deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError
+                wake = settle_until if settle_until is not None else deadline
+                self._poll(until=wake)
+                self._reap_unseen_exits()
+                if settle_until is None and self._ended_workers():
+                    settle_until = time.monotonic() + SETTLE_SECONDS
+        finally:
+            if extra:
+                self._selector.unregister(stop.fileno())
+
+    def _ended_workers(self) -> list[_Worker]:
+        return [w for w in self.workers if w.error is not None or w.exitcode is not None]
+
+    def all_exited(self) -> bool:
+        """Whether every worker has exited."""
+        return all(worker.exitcode is not None for worker in self.workers)
+
+    def command_fd(self, rank: int) -> int:
+        """The write end of live worker `rank`'s call pipe (non-blocking)."""
+        for worker in self.workers:
+            if worker.rank == rank and worker.command_fd is not None:
+                os.set_blocking(worker.command_fd, False)
+                return worker.command_fd
+        raise OSError(f"worker rank {rank} takes no calls")
+
+    def close_commands(self) -> None:
+        """Close every call pipe: live workers then finish and exit."""
+        for worker in self.workers:
+            fd, worker.command_fd = worker.command_fd, None
+            if fd is not None:
+                close_parent_only(fd)
+
+    def signal(self, rank: int, signum: int) -> None:
+        """Send `signum` to worker `rank` if it still runs."""
+        for worker in self.workers:
+            if worker.rank == rank and worker.process.exitcode is None:
+                _signal(worker.process.pid, signum)
+
     # -- stopping --------------------------------------------------------------
 
     def stop(self) -> None:
@@ -478,6 +553,7 @@ class WorkerGroup:
             with contextlib.suppress(psutil.Error):
                 process.kill()
         self._collect_remains()
+        self.close_commands()
         self._janitor.close()
         self._selector.close()
 

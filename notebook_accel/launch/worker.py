@@ -71,6 +71,8 @@ class WorkerSpec:
     # function and its arguments pickled by value in `shipped` instead.
     start_method: str = "fork"
     shipped: bytes | None = None
+    # Live workers (notebook_accel/live) get a pipe the launcher sends calls down.
+    commands: bool = False
 
     def unpacked(self) -> WorkerSpec:
         """This spec with the shipped function and arguments unpickled (in the worker)."""
@@ -93,8 +95,10 @@ def worker_main(
     channel_fd: int,
     inherited_fds: list[int],
     parent_pid: int,
+    command_fd: int | None = None,
 ) -> NoReturn:
-    """The first code a forked worker runs. Never returns: it exits the process."""
+    """The first code a worker runs. Never returns: it exits the process."""
+    global _CHANNEL, _COMMAND_FD
     modules_at_fork = len(sys.modules)
     # The launcher owns interrupts: a notebook's stop button signals the whole
     # process group, and the launcher then stops the workers itself.
@@ -116,6 +120,7 @@ def worker_main(
     torch.set_num_threads(spec.threads_per_process)
 
     channel = ChannelWriter(channel_fd)
+    _CHANNEL, _COMMAND_FD = channel, command_fd
     exitcode = 1
     try:
         with sending_to(_channel_destination(channel, spec.global_rank(local_rank))):
@@ -133,6 +138,25 @@ def worker_main(
             except Exception:  # noqa: BLE001
                 pass
         os._exit(exitcode)
+
+
+# This worker's event channel, and for live workers the pipe calls arrive on.
+_CHANNEL: ChannelWriter | None = None
+_COMMAND_FD: int | None = None
+
+
+def current_channel() -> ChannelWriter:
+    """The channel this worker sends its events down (inside a worker only)."""
+    if _CHANNEL is None:
+        raise RuntimeError("not inside a launched worker")
+    return _CHANNEL
+
+
+def command_fd() -> int:
+    """The pipe a live worker reads its calls from (inside a live worker only)."""
+    if _COMMAND_FD is None:
+        raise RuntimeError("not inside a live worker: start them with start_workers()")
+    return _COMMAND_FD
 
 
 def _set_environment(spec: WorkerSpec, local_rank: int) -> None:

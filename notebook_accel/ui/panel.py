@@ -163,6 +163,7 @@ class LaunchPanel:
         self._thread: threading.Thread | None = None
         self._stop = None
         self._active = False
+        self._attached = None  # live workers shown here (attach)
         self._lock = threading.RLock()
         # What showing the panel warmed for the first launch (launch/warm.py).
         self.warming = None
@@ -397,8 +398,30 @@ class LaunchPanel:
 
     @property
     def running(self) -> bool:
-        """True while a run started from the panel is going."""
-        return self._active
+        """True while a run started from the panel is going, or live workers are attached."""
+        return self._active or (self._attached is not None and self._attached.alive)
+
+    def attach(self, workers: Any) -> None:
+        """Show a live group's progress, loss curve and logs here (notebook_accel.live).
+
+        The panel's Stop then interrupts the group's running call and leaves the
+        workers up, as the notebook's stop button does; a call that runs in a
+        cell is stopped with the notebook's button, since a busy kernel handles
+        widget clicks only once the cell is done. Launching waits until
+        `detach()` or the group ends: the workers hold the devices.
+        """
+        self._attached = workers
+        self.report = workers.report
+        workers.add_observer(_PanelRun(self))
+        self.run_widgets.refresh(workers.report)
+        self._say(f"attached to {workers!r}")
+        self._sync_widgets()
+
+    def detach(self) -> None:
+        """Stop showing the attached live group; launching works again."""
+        self._attached = None
+        self._say("")
+        self._sync_widgets()
 
     def launch(self) -> None:
         """Start a run with the current choices (in a thread, so Stop stays clickable)."""
@@ -445,7 +468,14 @@ class LaunchPanel:
         self._sync_widgets()
 
     def stop(self) -> None:
-        """Stop the running workers, as the kernel's stop button would."""
+        """Stop the running workers, as the kernel's stop button would (for attached live
+        workers: interrupt their running call)."""
+        if self._attached is not None:
+            if self._attached.alive:
+                self._attached.interrupt()
+            else:
+                self.detach()
+            return
         if self._stop is not None and self.running:
             self._stop.set()
 

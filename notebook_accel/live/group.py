@@ -1,0 +1,399 @@
+"""Live workers: a process group that stays up between cells.
+
+`start_workers(...)` starts one worker per device, as a launch does (the
+launcher's options, its checks, its supervisor, forked or in fresh
+interpreters), but each worker then waits for calls instead of running one
+function and exiting. `workers.run(fn, *args)` and the `%%on_workers` cell
+magic run code on every worker (or chosen ranks), each in its own persistent
+namespace, and return real objects (tensors moved to the CPU).
+
+- Output streams into the calling cell, rank-prefixed, as for launches;
+  `accelerator.log` feeds a live view under the cell and `workers.report`
+  (the metric history continues across calls).
+- The stop button (or a call's `timeout`) interrupts the call on every worker
+  and leaves the workers alive with their state; a second press, or a worker
+  that does not stop within `STOP_GRACE_SECONDS`, ends the group and says so.
+- An exception in the called code raises WorkerError in the cell; the workers
+  stay up. A worker that dies ends the group with a WorkerError;
+  `workers.restart()` starts it again in one call. The kernel's restart or
+  death ends the workers (as for launches: they die with it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import itertools
+import signal
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from notebook_accel.launch.errors import WorkerError, WorkerFailure
+from notebook_accel.launch.events import CallFinished, MetricRecord, Progress, RunEvent
+from notebook_accel.launch.launcher import _Rendezvous
+from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
+from notebook_accel.launch.preflight import LaunchPlan, plan_launch
+from notebook_accel.launch.report import RunReport
+from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
+from notebook_accel.live.protocol import Call, write_call
+
+# After a stop press (or a timeout), how long the workers get to end the call.
+STOP_GRACE_SECONDS = 5.0
+# How long the workers get to start and join their process group.
+START_SECONDS = 120.0
+# How long a worker may take to read its next call before it counts as stuck.
+SEND_SECONDS = 30.0
+# How long the workers get to exit when the group is closed.
+CLOSE_SECONDS = 5.0
+
+
+class GroupEnded(RuntimeError):
+    """The live group is not running (it was closed, or a worker died); `restart()` it."""
+
+
+def start_workers(
+    num_processes: int | None = None,
+    *,
+    observers: list[RunObserver] | None = None,
+    live: bool | None = None,
+    **options: Any,
+) -> LiveWorkers:
+    """Start one worker per device and keep them, with their process group, between cells.
+
+    Takes `notebook_launcher`'s options (backend, mixed_precision, devices,
+    start_method, ...), checked the same way before anything starts;
+    `timeout` becomes every call's default timeout. `live`: show a live view
+    of metrics under a cell whose call logs them (default: in a notebook).
+
+    Returns the running group: `run(fn, *args)`, `run_cell(source)`,
+    `restart()`, `close()`. In IPython it also enables `%%on_workers`.
+    """
+    if options.get("max_restarts"):
+        raise ValueError(
+            "max_restarts= restarts a launch; live workers keep state that a restart "
+            "would lose. Call workers.restart() when you choose to."
+        )
+    from notebook_accel.live.serve import serve
+
+    plan = plan_launch(
+        function=serve, num_processes=num_processes, single_in_process=False, **options
+    )
+    workers = LiveWorkers(plan, observers=observers, live=live)
+    workers.start()
+    from notebook_accel.live.magic import register_magic
+
+    register_magic(workers)
+    return workers
+
+
+class LiveWorkers:
+    """A running group of live workers (see the module docstring). Use `start_workers`."""
+
+    def __init__(
+        self,
+        plan: LaunchPlan,
+        observers: list[RunObserver] | None = None,
+        live: bool | None = None,
+    ) -> None:
+        self.plan = plan
+        self.call_timeout = plan.timeout
+        self.report = RunReport.for_plan(plan)
+        main_rank = plan.node_rank * plan.local_world_size
+        self.ranks = list(range(main_rank, main_rank + plan.local_world_size))
+        self._observers = [ConsoleObserver(plan.output, main_rank=main_rank), *(observers or [])]
+        self._live = live
+        self._call_view: RunObserver | None = None
+        self._group: WorkerGroup | None = None
+        self._rendezvous: _Rendezvous | None = None
+        self._ids = itertools.count(1)
+        self._finished: dict[int, dict[int, CallFinished]] = {}
+        self._ended_because = "it has not been started"
+        self._current_stop: StopSignal | None = None
+
+    # -- the group's life --------------------------------------------------------
+
+    @property
+    def alive(self) -> bool:
+        """Whether the workers are up and answering calls."""
+        return self._group is not None
+
+    def start(self) -> None:
+        """Start the workers and wait until each has joined the process group."""
+        if self._group is not None:
+            return
+        self.report = RunReport.for_plan(self.plan, started_at=time.time())
+        rendezvous = _Rendezvous(self.plan, forks=True).__enter__()
+        spec = dataclasses.replace(self.plan.worker_spec(rendezvous.port, 0), commands=True)
+        group = WorkerGroup(spec, self._emit)
+        self._rendezvous, self._group = rendezvous, group
+        self._finished = {0: {}}
+        try:
+            with interrupts_stop(None) as stop:
+                group.start()
+                rendezvous.serve()
+                self._serve_until(lambda: self._answered(0, self.ranks), START_SECONDS, stop)
+        except BaseException as error:
+            self._end(f"it failed to start ({type(error).__name__})")
+            raise
+        self.report.status = "running"
+
+    def restart(self) -> None:
+        """End the workers if they run, and start new ones (their state is gone)."""
+        self.close()
+        self.start()
+
+    def close(self) -> None:
+        """Let the workers finish and exit, then release everything (once; safe to repeat)."""
+        group = self._group
+        if group is None:
+            return
+        try:
+            group.close_commands()
+            deadline = time.monotonic() + CLOSE_SECONDS
+            group.serve_until(lambda: group.all_exited(), deadline, stop=None)
+        except BaseException:  # noqa: BLE001 - the group ends below either way
+            pass
+        self._end("it was closed")
+
+    def __enter__(self) -> LiveWorkers:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "running" if self.alive else f"ended: {self._ended_because}"
+        return f"<LiveWorkers {len(self.ranks)} x {self.plan.platform.name}, {state}>"
+
+    # -- calls -------------------------------------------------------------------
+
+    def run(
+        self,
+        function: Callable[..., Any],
+        *args: Any,
+        kwargs: dict[str, Any] | None = None,
+        ranks: Sequence[int] | None = None,
+        return_all: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """Call `function(*args, **kwargs)` on every worker (or `ranks`) and return the
+        first chosen rank's value, or with `return_all` a list of every chosen rank's.
+
+        The function reads global names from the worker's namespace first, so
+        what earlier calls and cells left there (a prepared model) is at hand.
+        Raises WorkerError if it raised on a worker (the workers stay up),
+        KeyboardInterrupt or TimeoutError when stopped (they stay up if they
+        stopped in time), GroupEnded if the group is not running.
+        """
+        from notebook_accel.launch.fresh import _dumps_by_value
+
+        if not callable(function):
+            raise TypeError(f"run() needs a function to call, got {type(function).__name__}")
+        payload = _dumps_by_value((function, args, kwargs or {}))
+        return self._call("function", payload, ranks, return_all, timeout, "<function>")
+
+    def run_cell(
+        self,
+        source: str,
+        ranks: Sequence[int] | None = None,
+        return_all: bool = False,
+        timeout: float | None = None,
+    ) -> Any:
+        """Run a cell's code in every worker's namespace (or `ranks`'); return the value
+        of its last line if that is an expression, as a notebook shows it."""
+        call_id = next(self._ids)
+        filename = f"<cell {call_id} on workers>"
+        return self._call("cell", source.encode(), ranks, return_all, timeout, filename, call_id)
+
+    def _call(
+        self,
+        kind: str,
+        payload: bytes,
+        ranks: Sequence[int] | None,
+        return_all: bool,
+        timeout: float | None,
+        filename: str,
+        call_id: int | None = None,
+    ) -> Any:
+        group = self._running_group()
+        chosen = self._chosen(ranks)
+        call_id = call_id if call_id is not None else next(self._ids)
+        call = Call(call_id, kind, payload, tuple(chosen), return_all, filename)
+        self._finished[call_id] = {}
+        timeout = self.call_timeout if timeout is None else timeout
+        self._call_view = None
+        try:
+            # A stop press (or interrupt() from another thread, the panel's Stop)
+            # from here on interrupts the call on the workers.
+            with self._stoppable() as stop:
+                self._send(group, call)
+                try:
+                    self._serve_until(lambda: self._answered(call_id, chosen), timeout, stop)
+                except (KeyboardInterrupt, TimeoutError) as why:
+                    self._interrupt(call_id, chosen, why, timeout)
+                    raise
+        finally:
+            self._finish_view()
+        answers = self._finished.pop(call_id)
+        return self._outcome(answers, chosen, return_all)
+
+    def _send(self, group: WorkerGroup, call: Call) -> None:
+        deadline = time.monotonic() + SEND_SECONDS
+        try:
+            for rank in call.ranks:
+                write_call(group.command_fd(rank), call, deadline)
+        except (OSError, TimeoutError) as error:
+            self._end(f"a worker stopped reading calls ({error})")
+            raise GroupEnded(
+                f"a worker did not take the call ({error}); the group was ended. "
+                "workers.restart() starts it again."
+            ) from None
+
+    def _interrupt(
+        self, call_id: int, chosen: list[int], why: BaseException, timeout: float | None
+    ) -> None:
+        """Interrupt the call on the workers; end the group if they do not stop in time."""
+        group = self._group
+        assert group is not None
+        for rank in chosen:
+            if rank not in self._finished.get(call_id, {}):
+                group.signal(rank, signal.SIGINT)
+        reason = "timeout" if isinstance(why, TimeoutError) else "stop"
+        try:
+            with self._stoppable() as second_press:
+                self._serve_until(
+                    lambda: self._answered(call_id, chosen), STOP_GRACE_SECONDS, second_press
+                )
+        except (KeyboardInterrupt, TimeoutError, WorkerError) as failed:
+            what = "a second stop" if isinstance(failed, KeyboardInterrupt) else "no answer"
+            self._end(f"the workers did not stop in time after a {reason} ({what})")
+            message = (
+                f"the call was {'stopped' if reason == 'stop' else 'timed out'} and the workers "
+                f"did not stop within {STOP_GRACE_SECONDS:.0f} s ({what}; code stuck in a "
+                "collective cannot be interrupted), so the group was ended; "
+                "workers.restart() starts it again"
+            )
+            raise type(why)(message) from None
+        if isinstance(why, TimeoutError):
+            raise TimeoutError(
+                f"the call did not finish within timeout={timeout} s; it was interrupted on "
+                "every worker, which are still running with their state"
+            ) from None
+        raise KeyboardInterrupt("the call was stopped on every worker; they are still running")
+
+    def _outcome(
+        self, answers: dict[int, CallFinished], chosen: list[int], return_all: bool
+    ) -> Any:
+        failed = [answers[rank] for rank in chosen if answers[rank].error]
+        if failed:
+            failed.sort(key=lambda answer: "KeyboardInterrupt" in answer.error)  # the cause first
+            raise WorkerError(
+                [
+                    WorkerFailure(a.rank, None, traceback=a.traceback, exception=a.error)
+                    for a in failed
+                ],
+                ending="the workers are still running, with their state.",
+            )
+        if return_all:
+            return [answers[rank].value for rank in chosen]
+        return answers[chosen[0]].value
+
+    def interrupt(self) -> None:
+        """Interrupt the running call, as the notebook's stop button does (from any
+        thread: the panel's Stop calls it); a second call ends the group. Nothing
+        happens when no call runs."""
+        stop = self._current_stop
+        if stop is not None:
+            stop.set()
+
+    def add_observer(self, observer: RunObserver) -> None:
+        """Have `observer` receive the group's events from now on (the panel's views)."""
+        self._observers.append(observer)
+
+    # -- plumbing ----------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _stoppable(self) -> Iterator[StopSignal]:
+        """A stop signal for the running call: set by a stop press in the main thread
+        (SIGINT) or by `interrupt()` from any thread."""
+        stop = StopSignal()
+        self._current_stop = stop
+        try:
+            with interrupts_stop(stop):
+                yield stop
+        finally:
+            self._current_stop = None
+            stop.close()
+
+    def _running_group(self) -> WorkerGroup:
+        if self._group is None:
+            raise GroupEnded(
+                f"the live workers are not running: {self._ended_because}. "
+                "workers.restart() starts them again."
+            )
+        return self._group
+
+    def _chosen(self, ranks: Sequence[int] | None) -> list[int]:
+        if ranks is None:
+            return list(self.ranks)
+        chosen = sorted({int(rank) for rank in ranks})
+        unknown = [rank for rank in chosen if rank not in self.ranks]
+        if not chosen or unknown:
+            raise ValueError(
+                f"ranks={list(ranks)} must name some of this group's ranks, {self.ranks}."
+            )
+        return chosen
+
+    def _answered(self, call_id: int, ranks: list[int]) -> bool:
+        answers = self._finished.get(call_id, {})
+        return all(rank in answers for rank in ranks)
+
+    def _serve_until(
+        self, done: Callable[[], bool], seconds: float | None, stop: StopSignal | None
+    ) -> None:
+        group = self._running_group()
+        deadline = None if seconds is None else time.monotonic() + seconds
+        try:
+            group.serve_until(done, deadline, stop)
+        except WorkerError as failure:
+            self._end(f"{failure.failures[0].describe()}")
+            raise WorkerError(failure.failures, ending="the group was ended.") from None
+
+    def _emit(self, event: RunEvent) -> None:
+        if isinstance(event, CallFinished):
+            self._finished.setdefault(event.call_id, {})[event.rank] = event
+            return
+        self.report.apply(event)
+        if isinstance(event, (MetricRecord, Progress)) and self._call_view is None:
+            self._call_view = self._new_view()
+        observers = self._observers + ([self._call_view] if self._call_view else [])
+        ObserverGroup(observers).on_event(event, self.report)
+
+    def _new_view(self) -> RunObserver | None:
+        if self._live is False:
+            return None
+        from notebook_accel.ui.live import in_notebook, live_view
+
+        if self._live is None and not in_notebook():
+            return None
+        return live_view(self.plan)
+
+    def _finish_view(self) -> None:
+        """Every view draws the call's last figures (views redraw at a bounded rate,
+        and the group goes on, so no final redraw comes otherwise)."""
+        views = [*self._observers, self._call_view]
+        self._call_view = None
+        for view in views:
+            if getattr(view, "report", None) is not None and hasattr(view, "changed"):
+                view.changed(final=False)
+
+    def _end(self, because: str) -> None:
+        group, self._group = self._group, None
+        rendezvous, self._rendezvous = self._rendezvous, None
+        self._ended_because = because
+        if group is not None:
+            group.stop()
+        if rendezvous is not None:
+            rendezvous.__exit__(None, None, None)
+        self.report.status = "stopped"

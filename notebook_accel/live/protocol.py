@@ -1,0 +1,73 @@
+"""What the kernel sends a live worker: one call at a time, down the worker's own pipe.
+
+A frame is a pickled `Call` behind an 8-byte length. The function, its
+arguments or a cell's source travel inside it by value (cloudpickle, as for
+workers in fresh interpreters: a function defined after the workers started
+exists only in the kernel). What comes back goes down the worker's event
+channel as a `CallFinished` (launch/events.py).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import select
+import struct
+import time
+from dataclasses import dataclass
+
+_HEADER = struct.Struct("<Q")
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request to every chosen rank: run a function, or a cell's source."""
+
+    call_id: int
+    # "function": `payload` is (function, args, kwargs) pickled by value;
+    # "cell": `payload` is the cell's source, utf-8.
+    kind: str
+    payload: bytes
+    ranks: tuple[int, ...]
+    # Every chosen rank sends its value back, not only the first chosen one.
+    return_all: bool = False
+    # The name tracebacks give a cell's code ("<cell 3 on workers>").
+    filename: str = "<cell on workers>"
+
+
+def write_call(fd: int, call: Call, deadline: float) -> None:
+    """Write `call` to a worker's command pipe (non-blocking); TimeoutError if the
+    worker does not read it before `deadline` (it is stuck, or gone)."""
+    body = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(len(body)) + body)
+    while data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the worker did not read its next call")
+        _, writable, _ = select.select([], [fd], [], remaining)
+        if writable:
+            data = data[os.write(fd, data) :]
+
+
+def read_call(fd: int) -> Call | None:
+    """The next call from the kernel (blocking), or None when the kernel closed the pipe."""
+    header = _read_exactly(fd, _HEADER.size)
+    if header is None:
+        return None
+    (length,) = _HEADER.unpack(header)
+    body = _read_exactly(fd, length)
+    return None if body is None else pickle.loads(body)
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    chunks, wanted = [], size
+    while wanted:
+        try:
+            chunk = os.read(fd, min(wanted, 1 << 20))
+        except InterruptedError:
+            continue
+        if not chunk:
+            return None
+        chunks.append(chunk)
+        wanted -= len(chunk)
+    return b"".join(chunks)

@@ -1,0 +1,140 @@
+"""The live worker's loop: join the group once, then run call after call.
+
+Each worker keeps one namespace for the life of the group: its `__main__`,
+which a forked worker inherits from the kernel as it was at the start. A
+cell's code runs in it, and a function sent from the kernel reads its global
+names from it first, so a model and optimizer prepared in one cell are still
+there, on the device, in the next.
+
+Between calls the worker ignores the stop button (the kernel decides). During
+a call a SIGINT from the kernel raises KeyboardInterrupt in the user's code:
+the call ends with that error and the worker waits for the next one, its
+state intact. Code stuck in C++ (a collective whose peer never came) cannot be
+interrupted; the kernel then ends the group.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import linecache
+import signal
+import sys
+import time
+import traceback
+import types
+from collections.abc import Iterator
+from typing import Any
+
+from notebook_accel.launch.events import CallFinished
+from notebook_accel.live.protocol import Call, read_call
+from notebook_accel.nested import to_cpu
+
+
+def serve() -> None:
+    """Run as each live worker's function: join the process group, then serve calls
+    until the kernel closes the command pipe."""
+    from notebook_accel.launch import worker
+    from notebook_accel.state import PartialState
+
+    command_fd = worker.command_fd()
+    state = PartialState()  # joins the process group, as Accelerator() would
+    channel = worker.current_channel()
+    namespace = sys.modules["__main__"].__dict__
+    channel.send(CallFinished(state.process_index, 0))  # ready
+    while (call := read_call(command_fd)) is not None:
+        if state.process_index in call.ranks:
+            channel.send(_answer(call, namespace, state.process_index))
+
+
+def _answer(call: Call, namespace: dict[str, Any], rank: int) -> CallFinished:
+    started = time.perf_counter()
+    try:
+        with _interruptible():
+            value = _execute(call, namespace)
+        wanted = call.return_all or rank == call.ranks[0]
+        finished = CallFinished(rank, call.call_id, value=to_cpu(value) if wanted else None)
+    except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
+        return CallFinished(
+            rank,
+            call.call_id,
+            error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+            traceback=_user_traceback(error),
+            seconds=time.perf_counter() - started,
+        )
+    finished.seconds = time.perf_counter() - started
+    return finished
+
+
+def _execute(call: Call, namespace: dict[str, Any]) -> Any:
+    if call.kind == "cell":
+        return run_cell(call.payload.decode(), namespace, call.filename)
+    from notebook_accel.launch.fresh import unpack
+
+    function, args, kwargs = unpack(call.payload)
+    return in_namespace(function, namespace)(*args, **kwargs)
+
+
+def run_cell(source: str, namespace: dict[str, Any], filename: str) -> Any:
+    """Run a cell's code in `namespace`; return the value of its last line if that is an
+    expression (as a notebook shows it), else None."""
+    lines = source.splitlines(keepends=True)
+    linecache.cache[filename] = (len(source), None, lines, filename)  # for tracebacks
+    tree = ast.parse(source, filename)
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    exec(compile(tree, filename, "exec"), namespace)  # noqa: S102 - the user's own cell
+    if last is None:
+        return None
+    return eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
+
+
+def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
+    """`function` reading its global names from the worker's namespace first.
+
+    A function defined in the notebook arrives with copies of the kernel's
+    globals it uses; a name the worker already holds (a model a cell put on
+    its device) wins over the kernel's copy, and the others join the namespace.
+    """
+    if not isinstance(function, types.FunctionType):
+        return function
+    shipped = function.__globals__
+    if shipped.get("__name__") != "__main__" or shipped is namespace:
+        return function
+    for name, value in shipped.items():
+        if not name.startswith("__"):
+            namespace.setdefault(name, value)
+    rebound = types.FunctionType(
+        function.__code__,
+        namespace,
+        function.__name__,
+        function.__defaults__,
+        function.__closure__,
+    )
+    rebound.__kwdefaults__ = function.__kwdefaults__
+    rebound.__dict__.update(function.__dict__)
+    return rebound
+
+
+@contextlib.contextmanager
+def _interruptible() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt while the user's code runs, and only then."""
+    running = [True]
+
+    def interrupt(signum: int, frame: Any) -> None:
+        if running[0]:
+            raise KeyboardInterrupt("interrupted from the notebook")
+
+    signal.signal(signal.SIGINT, interrupt)
+    try:
+        yield
+    finally:
+        running[0] = False
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _user_traceback(error: BaseException) -> str:
+    """The traceback from the user's code down, without this loop's frames."""
+    tb = error.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        tb = tb.tb_next
+    return "".join(traceback.format_exception(type(error), error, tb))
