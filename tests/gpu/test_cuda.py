@@ -9,34 +9,15 @@ the kernel's GPU trained on every GPU).
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
+from gpu_support import needs_a_gpu, run_scenario
 
-pytestmark = [
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU and a CUDA build of torch; run `python -m pytest tests/gpu` there",
-    ),
-]
+pytestmark = [pytest.mark.timeout(900), needs_a_gpu]
 
 
 @pytest.fixture(scope="module")
 def scenario() -> dict:
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("cuda_scenario.py"))],
-        capture_output=True,
-        text=True,
-        timeout=850,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULTS "))
-    return json.loads(line[len("RESULTS ") :])
+    return run_scenario("cuda_scenario.py", timeout=850)
 
 
 def capability(scenario) -> tuple[int, int]:

@@ -8,34 +8,15 @@ stream without mixing up batches. bench/gpu.py measures the speed.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
-import torch
+from gpu_support import needs_a_gpu, run_scenario
 
-pytestmark = [
-    pytest.mark.timeout(600),
-    pytest.mark.skipif(
-        not torch.cuda.is_available(),
-        reason="needs a CUDA GPU and a CUDA build of torch; run `python -m pytest tests/gpu` there",
-    ),
-]
+pytestmark = [pytest.mark.timeout(600), needs_a_gpu]
 
 
 @pytest.fixture(scope="module")
 def scenario() -> dict:
-    done = subprocess.run(
-        [sys.executable, str(Path(__file__).with_name("speed_paths_scenario.py"))],
-        capture_output=True,
-        text=True,
-        timeout=560,
-    )
-    assert done.returncode == 0, done.stderr[-4000:]
-    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULTS "))
-    return json.loads(line[len("RESULTS ") :])
+    return run_scenario("speed_paths_scenario.py", timeout=560)
 
 
 @pytest.fixture(scope="module")
