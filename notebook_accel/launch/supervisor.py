@@ -470,14 +470,19 @@ class WorkerGroup:
     # -- live workers (notebook_accel/live) ---------------------------------------
 
     def serve_until(
-        self, done: Callable[[], bool], deadline: float | None, stop: StopSignal | None
+        self,
+        done: Callable[[], bool],
+        deadline: float | None,
+        stop: StopSignal | None,
+        exits_fail: bool = True,
     ) -> None:
         """Handle the workers' events until `done()` is true.
 
         For live workers, which exit only when their calls end: raises
         WorkerError when a worker exits (after SETTLE_SECONDS, so that the
-        cause comes first), TimeoutError at `deadline`, KeyboardInterrupt
-        once `stop` is set.
+        cause comes first; unless `exits_fail` is false, as when they were
+        told to finish), TimeoutError at `deadline`, KeyboardInterrupt once
+        `stop` is set.
         """
         extra = stop is not None and stop is not self.stop_signal
         if extra:
@@ -494,7 +499,7 @@ class WorkerGroup:
                 wake = settle_until if settle_until is not None else deadline
                 self._poll(until=wake)
                 self._reap_unseen_exits()
-                if settle_until is None and self._ended_workers():
+                if exits_fail and settle_until is None and self._ended_workers():
                     settle_until = time.monotonic() + SETTLE_SECONDS
         finally:
             if extra:

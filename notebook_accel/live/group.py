@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import itertools
 import signal
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -110,6 +111,7 @@ class LiveWorkers:
         self._finished: dict[int, dict[int, CallFinished]] = {}
         self._ended_because = "it has not been started"
         self._current_stop: StopSignal | None = None
+        self._calling = threading.Lock()
 
     # -- the group's life --------------------------------------------------------
 
@@ -151,7 +153,7 @@ class LiveWorkers:
         try:
             group.close_commands()
             deadline = time.monotonic() + CLOSE_SECONDS
-            group.serve_until(lambda: group.all_exited(), deadline, stop=None)
+            group.serve_until(group.all_exited, deadline, stop=None, exits_fail=False)
         except BaseException:  # noqa: BLE001 - the group ends below either way
             pass
         self._end("it was closed")
@@ -218,6 +220,29 @@ class LiveWorkers:
     ) -> Any:
         group = self._running_group()
         chosen = self._chosen(ranks)
+        if not self._calling.acquire(blocking=False):
+            raise RuntimeError(
+                "another call to these workers is still running (from another thread); "
+                "the workers take one call at a time"
+            )
+        try:
+            return self._call_once(
+                group, kind, payload, chosen, return_all, timeout, filename, call_id
+            )
+        finally:
+            self._calling.release()
+
+    def _call_once(
+        self,
+        group: WorkerGroup,
+        kind: str,
+        payload: bytes,
+        chosen: list[int],
+        return_all: bool,
+        timeout: float | None,
+        filename: str,
+        call_id: int | None,
+    ) -> Any:
         call_id = call_id if call_id is not None else next(self._ids)
         call = Call(call_id, kind, payload, tuple(chosen), return_all, filename)
         self._finished[call_id] = {}
