@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel import checkpoint, fp8, fsdp, ops
+from notebook_accel import adapters, checkpoint, fp8, fsdp, ops
 from notebook_accel import compile as compiling
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
@@ -128,6 +128,10 @@ class Accelerator:
         self.dataloader_config = dataloader_config or DataLoaderConfiguration()
         if split_batches is not None:  # the older spelling, still accepted by Accelerate
             self.dataloader_config.split_batches = split_batches
+        if self.dataloader_config.use_stateful_dataloader:  # say now that torchdata is missing
+            from notebook_accel.stateful_data import stateful_data_loader
+
+            stateful_data_loader()
         self.gradient_state = GradientState(
             num_steps=int(gradient_accumulation_steps),
             sync_with_dataloader=plugin.sync_with_dataloader,
@@ -394,6 +398,7 @@ class Accelerator:
             use_seedable_sampler=config.use_seedable_sampler,
             data_seed=config.data_seed,
             non_blocking=config.non_blocking,
+            use_stateful_dataloader=config.use_stateful_dataloader,
             loader_class=self.state.platform.data_loader_class(),
             platform=self.state.platform,
         )
@@ -808,8 +813,16 @@ class Accelerator:
 
         safetensors by default, with an index file when there are several
         shards; `notebook_accel.load_model_weights` reads them into a plain model.
+        A peft `PeftModel` writes its adapter only, in peft's format
+        (`adapter_config.json`, `adapter_model.safetensors`), which
+        `PeftModel.from_pretrained` loads. Every process must call it.
         """
         model = self.unwrap_model(model)
+        if adapters.is_peft_model(model):
+            state = adapters.adapter_state_dict(model)  # gathered from every process
+            if self.is_main_process:
+                adapters.save_adapter(model, save_directory, state, safe_serialization)
+            return
         if fsdp.is_sharded(model):  # every process sends its shards to the main one
             model = fsdp.full_state_dict(model)
         if self.is_main_process:

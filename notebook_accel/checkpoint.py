@@ -287,7 +287,10 @@ def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False)
     for rank in range(run.num_processes):
         for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
             if name not in files:
-                raise RuntimeError(f"rank {rank} did not write {folder / name}")
+                raise RuntimeError(
+                    f"rank {rank} did not write {folder / name}: every process must save "
+                    "into the same directory (one machine, or a shared file system)"
+                )
     manifest = {
         "format": FORMAT_VERSION,
         "world_size": run.num_processes,

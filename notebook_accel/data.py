@@ -404,8 +404,7 @@ class DataLoaderShard(DataLoader):
         Setting another epoch than a resumed one cancels the resume.
         """
         if epoch != self.iteration:
-            self._resume_skip = 0
-            self._resume_rng_states = None
+            self._cancel_resume()
         self.iteration = epoch
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
@@ -413,6 +412,15 @@ class DataLoaderShard(DataLoader):
             self.batch_sampler.sampler.set_epoch(epoch)
         elif hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
+
+    def _cancel_resume(self) -> None:
+        """Forget a loaded position: the next pass starts its epoch from the beginning."""
+        self._resume_skip = 0
+        self._resume_rng_states = None
+
+    def _snapshot(self) -> None:
+        """Called with each batch read, before the next one is read ahead (a hook for
+        loaders that record more of their state than the position)."""
 
     def _to_device(self, batch: Any) -> Any:
         """Queue `batch`'s copy to the device (`_ready` hands it out)."""
@@ -468,6 +476,7 @@ class DataLoaderShard(DataLoader):
                 if not ahead:
                     current = self._to_device(current)
                 self._rng_before_read_ahead = rng_states()
+                self._snapshot()
                 following = next(batches, _END)
                 self.end_of_dataloader = following is _END
                 if ahead and following is not _END:
@@ -628,9 +637,13 @@ def prepare_data_loader(
     default to this process's (`PartialState`), batches go to `device` (default:
     this process's) only with `put_on_device=True`. `dispatch_batches=True` is
     accepted: each process reads the batches the main process would have sent
-    it. `rng_types`, `slice_fn_for_dispatch` and `use_stateful_dataloader` are
-    accepted and change nothing (shuffles stay in step through a synchronised
-    generator; prepared loaders always have `state_dict`).
+    it. `rng_types` and `slice_fn_for_dispatch` are accepted and change nothing
+    (shuffles stay in step through a synchronised generator).
+
+    Every prepared loader has `state_dict`/`load_state_dict`. With
+    `use_stateful_dataloader=True` it is also a torchdata `StatefulDataLoader`
+    whose state (sampler, dataset, worker processes) its `state_dict` carries,
+    as in Accelerate; see `notebook_accel.stateful_data`. It needs torchdata.
 
     `non_blocking=None` (the default) lets the device's `platform` (default:
     this process's) choose: on CUDA, batches are pinned and copied without
@@ -708,7 +721,7 @@ def prepare_data_loader(
     )
     if copying.loader_pins:
         kwargs["pin_memory"] = True
-    return (loader_class or DataLoaderShard)(
+    return _loader_class(loader_class, use_stateful_dataloader)(
         dataset,
         device=device if put_on_device else None,
         gradient_state=gradient_state or GradientState(),
@@ -720,6 +733,17 @@ def prepare_data_loader(
         copy_stream=platform.copy_stream(device) if copying.side_stream else None,
         **kwargs,
     )
+
+
+def _loader_class(base: type[DataLoaderShard] | None, stateful: bool) -> type[DataLoaderShard]:
+    """The prepared loader's class: the platform's, made a torchdata StatefulDataLoader too
+    when asked."""
+    base = base or DataLoaderShard
+    if not stateful:
+        return base
+    from notebook_accel.stateful_data import stateful_loader_class
+
+    return stateful_loader_class(base)
 
 
 def _shuffling(

@@ -177,8 +177,12 @@ class DataLoaderConfiguration:
       blocking copies.
     - `dispatch_batches`: accepted; each process reads its own batches, the ones
       Accelerate's main process would send it (same data, no broadcast).
-    - `use_stateful_dataloader`: accepted; prepared loaders always save and
-      restore their position (`state_dict`/`load_state_dict`).
+    - `use_stateful_dataloader`: prepared loaders are torchdata
+      `StatefulDataLoader`s too, as in Accelerate: their `state_dict` is
+      torchdata's (datasets and samplers with a `state_dict` of their own resume
+      without reading the skipped data; worker processes resume too), saved by
+      `save_state`. Needs `pip install torchdata`. Without it, prepared loaders
+      still save and restore their position (`state_dict`/`load_state_dict`).
     """
 
     split_batches: bool = False
@@ -191,8 +195,6 @@ class DataLoaderConfiguration:
 
     # dispatch_batches=True is accepted: every process reads its own batches, which
     # are the ones the main process would have sent it (a warning says so once).
-    # use_stateful_dataloader=True is accepted: prepared loaders always have
-    # state_dict()/load_state_dict().
 
 
 @dataclass

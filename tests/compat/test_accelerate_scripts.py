@@ -11,8 +11,12 @@ ACCELERATE_USE_CPU, one launch per function; `python
 tests/compat/accelerate_scripts.py accelerate` measures it again). Left out
 there: test_split_between_processes_dataset (needs `datasets`), test_noop_sync
 (for one process), test_can_join_uneven_inputs (hangs on CPU), three join
-tests that fail, the stateful-loader tests (need torchdata), test_mrpc (needs
-the network) and test_problematic_imports (needs bitsandbytes).
+tests that fail, test_mrpc (needs the network) and test_problematic_imports
+(needs bitsandbytes). test_stateful_dataloader needs torchdata (a dev
+dependency). test_stateful_dataloader_save_state passes under Accelerate but
+is left out: each rank saves into a temporary directory of its own, and a
+checkpoint here needs every rank to write into the same directory (the main
+process checks that all ranks' files are there before it completes it).
 
 NOT_PORTED are the ones that fail with notebook_accel, by design (README,
 "Porting from Accelerate").
@@ -76,6 +80,7 @@ PASSING_UNDER_ACCELERATE = {
         "test_join_raises_warning_for_non_ddp_distributed",
         "test_pickle_accelerator",
         "test_data_loader",
+        "test_stateful_dataloader",
     ],
     "external_deps.test_metrics": [
         "test_torch_metrics",
@@ -105,7 +110,7 @@ NOT_PORTED = {
 
 def test_the_list_covers_at_least_35_of_37_in_the_issue_and_all_but_two():
     total = sum(len(names) for names in PASSING_UNDER_ACCELERATE.values())
-    assert total == 46
+    assert total == 47
     assert len(NOT_PORTED) <= 2
 
 

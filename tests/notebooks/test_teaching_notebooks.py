@@ -81,6 +81,16 @@ EXPECTED_WITHOUT_GPUS = {
         "same tokens as the model in one piece: True",
         "pipelined over 2 workers, same logits as one process: True",
     ],
+    "08_llm_lora.ipynb": [
+        "No GPU found: 2 CPU worker processes, full precision",
+        "blocks of 64 tokens",
+        "M trainable (LoRA)",
+        "loss went down: True",
+        "rank 1 holds 0.50 of the parameters",
+        "'adapter_config.json', 'adapter_model.safetensors'",
+        "same predictions as the trained model: True",
+        "step time on cpu x 2:",
+    ],
 }
 
 # Notebooks whose launch shows widgets (the live view, the panel), not only text.
