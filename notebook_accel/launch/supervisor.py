@@ -277,6 +277,8 @@ class WorkerGroup:
         theirs = [fd for fd in (out_w, err_w, chan_w, command_r) if fd is not None]
         for fd in ours:
             parent_only(fd)
+        if command_w is not None:  # calls are written with a deadline (live/protocol.py)
+            os.set_blocking(command_w, False)
         process = make(
             local_rank, out_w, err_w, chan_w, command_r, name=f"notebook_accel-worker-{local_rank}"
         )
@@ -311,27 +313,49 @@ class WorkerGroup:
     def wait(self, deadline: float | None) -> None:
         """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
 
-        After the first failure it listens SETTLE_SECONDS longer, so that the
-        failure that caused the others is reported first.
+        After the first failure it listens SETTLE_SECONDS longer (or until
+        every worker has exited), so that the failure that caused the others
+        is reported first.
         """
-        settle_until: float | None = None
-        while not self._done(settle_until):
-            if settle_until is None and deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError
-            if self.stop_signal is not None and self.stop_signal.is_set():
-                raise KeyboardInterrupt("the run was stopped")
-            self._poll(until=settle_until if settle_until is not None else deadline)
-            self._reap_unseen_exits()
-            if settle_until is None and self._failed_workers():
-                settle_until = time.monotonic() + SETTLE_SECONDS
-        failures = self._failed_workers()
+        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers)
+        failures = self.failed_workers()
         if failures:
             raise WorkerError(self._failures_cause_first(failures))
 
-    def _done(self, settle_until: float | None) -> bool:
-        if settle_until is not None:
-            return time.monotonic() >= settle_until
-        return all(worker.exitcode is not None for worker in self.workers)
+    def serve_until(
+        self,
+        done: Callable[[], bool],
+        deadline: float | None,
+        stop: StopSignal | None,
+        failed: Callable[[], list[_Worker]] | None = None,
+    ) -> None:
+        """Handle the workers' events until `done()` is true.
+
+        Raises WorkerError once `failed()` (by default: a worker raised or
+        exited at all, as live workers only exit when told to) has named a
+        worker for SETTLE_SECONDS, TimeoutError at `deadline`, and
+        KeyboardInterrupt once `stop` is set.
+        """
+        failed = failed or self._ended_workers
+        extra = stop is not None and stop is not self.stop_signal
+        if extra:
+            self._selector.register(stop.fileno(), selectors.EVENT_READ)
+        try:
+            settle_until: float | None = None
+            while not done():
+                if settle_until is not None and time.monotonic() >= settle_until:
+                    raise WorkerError(self._failures_cause_first(failed()))
+                if settle_until is None and deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt("the run was stopped")
+                self._poll(until=settle_until if settle_until is not None else deadline)
+                self._reap_unseen_exits()
+                if settle_until is None and failed():
+                    settle_until = time.monotonic() + SETTLE_SECONDS
+        finally:
+            if extra:
+                self._selector.unregister(stop.fileno())
 
     def _poll(self, until: float | None) -> None:
         """Handle what happens until `until` or the next memory sample, whichever is first."""
@@ -444,7 +468,8 @@ class WorkerGroup:
     def _fds_of(self, worker: _Worker) -> list[int]:
         return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
 
-    def _failed_workers(self) -> list[_Worker]:
+    def failed_workers(self) -> list[_Worker]:
+        """The workers that raised, or exited with a non-zero code or a signal."""
         return [w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0]
 
     @staticmethod
@@ -469,42 +494,6 @@ class WorkerGroup:
 
     # -- live workers (notebook_accel/live) ---------------------------------------
 
-    def serve_until(
-        self,
-        done: Callable[[], bool],
-        deadline: float | None,
-        stop: StopSignal | None,
-        exits_fail: bool = True,
-    ) -> None:
-        """Handle the workers' events until `done()` is true.
-
-        For live workers, which exit only when their calls end: raises
-        WorkerError when a worker exits (after SETTLE_SECONDS, so that the
-        cause comes first; unless `exits_fail` is false, as when they were
-        told to finish), TimeoutError at `deadline`, KeyboardInterrupt once
-        `stop` is set.
-        """
-        extra = stop is not None and stop is not self.stop_signal
-        if extra:
-            self._selector.register(stop.fileno(), selectors.EVENT_READ)
-        try:
-            settle_until: float | None = None
-            while not done():
-                if settle_until is not None and time.monotonic() >= settle_until:
-                    raise WorkerError(self._failures_cause_first(self._ended_workers()))
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt("the run was stopped")
-                if settle_until is None and deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError
-                wake = settle_until if settle_until is not None else deadline
-                self._poll(until=wake)
-                self._reap_unseen_exits()
-                if exits_fail and settle_until is None and self._ended_workers():
-                    settle_until = time.monotonic() + SETTLE_SECONDS
-        finally:
-            if extra:
-                self._selector.unregister(stop.fileno())
-
     def _ended_workers(self) -> list[_Worker]:
         return [w for w in self.workers if w.error is not None or w.exitcode is not None]
 
@@ -516,7 +505,6 @@ class WorkerGroup:
         """The write end of live worker `rank`'s call pipe (non-blocking)."""
         for worker in self.workers:
             if worker.rank == rank and worker.command_fd is not None:
-                os.set_blocking(worker.command_fd, False)
                 return worker.command_fd
         raise OSError(f"worker rank {rank} takes no calls")
 

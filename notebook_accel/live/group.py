@@ -153,7 +153,8 @@ class LiveWorkers:
         try:
             group.close_commands()
             deadline = time.monotonic() + CLOSE_SECONDS
-            group.serve_until(group.all_exited, deadline, stop=None, exits_fail=False)
+            # Told to finish, the workers exit: only an error or a bad exit fails.
+            group.serve_until(group.all_exited, deadline, None, group.failed_workers)
         except BaseException:  # noqa: BLE001 - the group ends below either way
             pass
         self._end("it was closed")
