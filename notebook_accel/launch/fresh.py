@@ -77,7 +77,7 @@ def ship(spec: Any) -> int:
     (`spec.shipped`), and unpacked by each worker after its environment is
     set, so GPU tensors land on the device that worker uses.
     """
-    shipped = _dumps_by_value((spec.function, spec.args, spec.kwargs))
+    shipped = pack(spec.function, spec.args, spec.kwargs)
     outer = dataclasses.replace(spec, function=None, args=(), kwargs={}, shipped=shipped)
     blob = cloudpickle.dumps(outer, protocol=5)
     fd = os.memfd_create("notebook_accel-worker-spec", os.MFD_CLOEXEC)
@@ -91,10 +91,11 @@ def ship(spec: Any) -> int:
     return fd
 
 
-def _dumps_by_value(value: Any) -> bytes:
+def pack(function: Any, args: tuple, kwargs: dict) -> bytes:
+    """A function and its arguments, pickled by value for a worker (`unpack` there)."""
     buffer = io.BytesIO()
     pickler = _WorkerPickler(buffer, protocol=5)
-    pickler.dump(value)
+    pickler.dump((function, args, kwargs))
     # The source of code that exists only in this process (a notebook cell), so
     # that a worker's traceback shows the cell's lines as a forked one's does.
     sources = {

@@ -33,7 +33,7 @@ from typing import Any
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.events import CallFinished, MetricRecord, Progress, RunEvent
 from notebook_accel.launch.launcher import _Rendezvous
-from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
+from notebook_accel.launch.observers import ConsoleObserver, RunObserver
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
 from notebook_accel.launch.report import RunReport
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
@@ -189,11 +189,11 @@ class LiveWorkers:
         KeyboardInterrupt or TimeoutError when stopped (they stay up if they
         stopped in time), GroupEnded if the group is not running.
         """
-        from notebook_accel.launch.fresh import _dumps_by_value
+        from notebook_accel.launch.fresh import pack
 
         if not callable(function):
             raise TypeError(f"run() needs a function to call, got {type(function).__name__}")
-        payload = _dumps_by_value((function, args, kwargs or {}))
+        payload = pack(function, args, kwargs or {})
         return self._call("function", payload, ranks, return_all, timeout, "<function>")
 
     def run_cell(
@@ -393,8 +393,9 @@ class LiveWorkers:
         self.report.apply(event)
         if isinstance(event, (MetricRecord, Progress)) and self._call_view is None:
             self._call_view = self._new_view()
-        observers = self._observers + ([self._call_view] if self._call_view else [])
-        ObserverGroup(observers).on_event(event, self.report)
+        for observer in (*self._observers, self._call_view):
+            if observer is not None:
+                observer.on_event(event, self.report)
 
     def _new_view(self) -> RunObserver | None:
         if self._live is False:

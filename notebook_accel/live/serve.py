@@ -89,20 +89,18 @@ def run_cell(source: str, namespace: dict[str, Any], filename: str) -> Any:
 
 
 def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
-    """`function` reading its global names from the worker's namespace first.
+    """`function` reading its global names from the worker's namespace (`__main__`'s).
 
     A function defined in the notebook arrives with copies of the kernel's
-    globals it uses; a name the worker already holds (a model a cell put on
-    its device) wins over the kernel's copy, and the others join the namespace.
+    globals it uses, which `fresh.unpack` has already added to `__main__`
+    where the worker had no name of its own: a name the worker already holds
+    (a model a cell put on its device) wins over the kernel's copy.
     """
     if not isinstance(function, types.FunctionType):
         return function
     shipped = function.__globals__
     if shipped.get("__name__") != "__main__" or shipped is namespace:
         return function
-    for name, value in shipped.items():
-        if not name.startswith("__"):
-            namespace.setdefault(name, value)
     rebound = types.FunctionType(
         function.__code__,
         namespace,

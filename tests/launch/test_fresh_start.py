@@ -73,14 +73,14 @@ def test_gpu_tensors_in_the_arguments_reach_cpu_workers_on_the_cpu():
 def test_gpu_tensors_are_sent_as_cpu_copies_placed_by_each_worker():
     """The pickled bytes hold CPU copies and a call that places them on the worker's device."""
     gpu = torch.ones(2).as_subclass(OnGpu)
-    blob = fresh._dumps_by_value({"x": gpu})
+    blob = fresh.pack(len, ({"x": gpu},), {})
     assert b"_on_worker_device" in blob
     code = textwrap.dedent(
         f"""
         import os, pickle, sys
         os.environ[{ENV_BACKEND!r}] = "cpu"
         payload, sources = pickle.loads(sys.stdin.buffer.read())
-        value = pickle.loads(payload)["x"]
+        value = pickle.loads(payload)[1][0]["x"]
         print(type(value).__name__, value.device.type, value.tolist())
         """
     )
