@@ -141,7 +141,7 @@ class _TorchCudaFinder:
 def _before_watching() -> CudaOrigin:
     from notebook_accel.platforms.cuda import CudaPlatform
 
-    loaded = [name for name in CudaPlatform.device_packages if name in sys.modules]
+    loaded = CudaPlatform().loaded_device_packages()
     return CudaOrigin(None, "", None, before_watching=True, suspects=tuple(loaded))
 
 

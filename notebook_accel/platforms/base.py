@@ -15,6 +15,7 @@ from __future__ import annotations
 import atexit
 import enum
 import os
+import sys
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -86,6 +87,11 @@ class Platform:
     def offered(self, hardware: Hardware) -> bool:
         """Whether the panel and the default choice should offer this platform here."""
         return self.device_count(hardware) > 0
+
+    def loaded_device_packages(self) -> list[str]:
+        """Which of `device_packages` this process has imported (suspects, when the
+        device's runtime started without torch saying where)."""
+        return [name for name in self.device_packages if name in sys.modules]
 
     def check_available(self, hardware: Hardware) -> None:
         """Raise if this platform cannot run on this machine at all."""

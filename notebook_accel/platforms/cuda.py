@@ -10,7 +10,6 @@ from __future__ import annotations
 import ctypes
 import importlib.util
 import os
-import sys
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -99,7 +98,7 @@ class CudaPlatform(Platform):
             return (
                 "the CUDA driver is already initialised in this process, by a library other "
                 "than torch (or torch.cuda.is_available() with PYTORCH_NVML_BASED_CUDA_CHECK=0)"
-                + _loaded_device_packages()
+                + _suspects(self.loaded_device_packages())
                 + ", and a forked worker cannot use a GPU once its parent has"
             )
         return None
@@ -198,8 +197,7 @@ class CudaPlatform(Platform):
             torch.cuda.set_rng_state_all(states["cuda"])
 
 
-def _loaded_device_packages() -> str:
-    loaded = [name for name in CudaPlatform.device_packages if name in sys.modules]
+def _suspects(loaded: list[str]) -> str:
     return f"; loaded libraries that can do that: {', '.join(loaded)}" if loaded else ""
 
 
