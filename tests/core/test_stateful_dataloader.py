@@ -21,7 +21,10 @@ from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
 
 def _stateful() -> Accelerator:
-    return Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))
+    # cpu=True: these run in the test process, which may see a GPU.
+    return Accelerator(
+        cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)
+    )
 
 
 class Numbers(IterableDataset):
@@ -146,7 +149,7 @@ def test_without_torchdata_the_error_says_what_to_install(monkeypatch):
             process_index=0,
             use_stateful_dataloader=True,
         )
-    Accelerator()  # without the option nothing needs torchdata
+    Accelerator(cpu=True)  # without the option nothing needs torchdata
 
 
 CASES = [("map", False), ("map", True), ("iterable", False)]

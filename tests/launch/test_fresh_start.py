@@ -122,7 +122,9 @@ def test_a_spawn_start_reports_no_modules_to_warm():
 def test_the_shipped_spec_is_one_in_memory_file_read_by_every_worker():
     from notebook_accel.launch.preflight import plan_launch
 
-    plan = plan_launch(function=describe, args=(1, 2), num_processes=2, start_method="spawn")
+    plan = plan_launch(
+        function=describe, args=(1, 2), num_processes=2, backend="cpu", start_method="spawn"
+    )
     fd = fresh.ship(plan.worker_spec(port=1234, attempt=0))
     try:
         spec = pickle.loads(fresh._read_all(fd))
