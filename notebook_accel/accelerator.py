@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel import adapters, checkpoint, fp8, fsdp, ops
+from notebook_accel import adapters, checkpoint, fp8, fsdp, interrupts, ops
 from notebook_accel import compile as compiling
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
@@ -669,11 +669,18 @@ class Accelerator:
         self.flag_tensor = torch.tensor(1, device=self.device)
 
     def check_trigger(self) -> bool:
-        """Whether any process called `set_trigger` (resets the flag). A collective."""
+        """Whether any process called `set_trigger` (resets the flag). A collective.
+
+        On live workers a stop press counts as a trigger too, so a loop that
+        checks each step stops at the same step on every worker.
+        """
+        if interrupts.requested():
+            self.set_trigger()
         if self.flag_tensor is None:
             self.flag_tensor = torch.tensor(0, device=self.device)
         if int(self.reduce(self.flag_tensor).item()) >= 1:
             self.flag_tensor = torch.tensor(0, device=self.device)
+            interrupts.clear()
             return True
         return False
 

@@ -7,10 +7,12 @@ names from it first, so a model and optimizer prepared in one cell are still
 there, on the device, in the next.
 
 Between calls the worker ignores the stop button (the kernel decides). During
-a call a SIGINT from the kernel raises KeyboardInterrupt in the user's code:
-the call ends with that error and the worker waits for the next one, its
-state intact. Code stuck in C++ (a collective whose peer never came) cannot be
-interrupted; the kernel then ends the group.
+a call a SIGINT from the kernel first asks the code to stop: a training loop
+that calls `accelerator.check_trigger()` each step stops at the same step on
+every worker and returns. Code that does not check gets KeyboardInterrupt
+where it runs; the call ends with that error and the worker waits for the
+next one, its state intact. Code stuck in C++ (a collective a peer left)
+cannot be interrupted; the kernel then ends the group.
 """
 
 from __future__ import annotations
@@ -26,9 +28,15 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
+from notebook_accel import interrupts
 from notebook_accel.launch.events import CallFinished
 from notebook_accel.live.protocol import Call, read_call
 from notebook_accel.nested import to_cpu
+
+# A stop press asks the code to stop at its next check_trigger(); code that has
+# not stopped this much later is interrupted where it runs (the launcher waits
+# STOP_GRACE_SECONDS in all, live/group.py).
+FORCE_AFTER_SECONDS = 2.0
 
 
 def serve() -> None:
@@ -115,19 +123,32 @@ def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
 
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
-    """SIGINT raises KeyboardInterrupt while the user's code runs, and only then."""
+    """While the user's code runs, SIGINT asks it to stop: at once through
+    `Accelerator.check_trigger()` (notebook_accel/interrupts.py), and with
+    KeyboardInterrupt where it runs if it has not stopped FORCE_AFTER_SECONDS
+    later. Outside a call both signals change nothing."""
     running = [True]
 
-    def interrupt(signum: int, frame: Any) -> None:
+    def ask_to_stop(signum: int, frame: Any) -> None:
+        if running[0]:
+            interrupts.request()
+            signal.setitimer(signal.ITIMER_REAL, FORCE_AFTER_SECONDS)
+
+    def force_stop(signum: int, frame: Any) -> None:
         if running[0]:
             raise KeyboardInterrupt("interrupted from the notebook")
 
-    signal.signal(signal.SIGINT, interrupt)
+    interrupts.clear()
+    previous_alarm = signal.signal(signal.SIGALRM, force_stop)
+    signal.signal(signal.SIGINT, ask_to_stop)
     try:
         yield
     finally:
         running[0] = False
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous_alarm)
+        interrupts.clear()
 
 
 def _user_traceback(error: BaseException) -> str:

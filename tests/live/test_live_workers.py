@@ -145,6 +145,65 @@ def test_stop_interrupts_the_call_and_keeps_the_workers(workers):
     assert workers.alive and workers.run_cell("kept") == 42
 
 
+train_until_stopped = defined_in_a_notebook(
+    """
+def train_until_stopped():
+    global steps
+    while not accelerator.check_trigger():  # a stop press: every rank leaves at one step
+        loss = model(data).square().mean()
+        accelerator.backward(loss)  # an all-reduce: a rank stopped alone would strand the other
+        optimizer.step()
+        optimizer.zero_grad()
+        steps += 1
+    return steps
+""",
+    "train_until_stopped",
+)
+
+
+def test_a_training_loop_that_checks_stops_at_one_step_on_every_worker(workers):
+    workers.run_cell(TRAIN_CELL)
+    for _ in range(3):  # each time, mid-training, in the middle of DDP's all-reduces
+        with pytest.raises(TimeoutError, match="still running with their state"):
+            workers.run(train_until_stopped, timeout=0.5)
+        steps = workers.run_cell("steps", return_all=True)
+        assert steps[0] == steps[1] > 0
+    assert workers.alive
+    weights = workers.run_cell("accelerator.unwrap_model(model).weight.detach()", return_all=True)
+    assert torch.equal(weights[0], weights[1])
+
+
+def ignore_the_first_interrupt():
+    try:
+        time.sleep(30)
+    except KeyboardInterrupt:
+        time.sleep(30)  # a cell that will not stop
+    return "unreachable"
+
+
+def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
+    first, second = press_stop_after(0.5), press_stop_after(1.5)
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt, match="a second stop") as stopped:
+        workers.run(ignore_the_first_interrupt)
+    first.join()
+    second.join()
+    assert time.monotonic() - started < 10
+    assert "the group was ended" in str(stopped.value)
+    assert not workers.alive
+    workers.restart()
+    assert workers.run_cell("1 + 1") == 2
+
+
+def test_the_launch_precision_reaches_the_workers():
+    group = start_workers(2, backend="cpu", mixed_precision="bf16", live=False)
+    try:
+        cell = "from notebook_accel import Accelerator\nAccelerator().mixed_precision"
+        assert group.run_cell(cell, return_all=True) == ["bf16", "bf16"]
+    finally:
+        group.close()
+
+
 def test_a_timeout_interrupts_the_call_and_keeps_the_workers(workers):
     with pytest.raises(TimeoutError, match="still running with their state"):
         workers.run(sleep_then_answer, 30, timeout=0.5)
