@@ -35,6 +35,7 @@ from notebook_accel.kwargs import (
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
+from notebook_accel.launch.destination import milestone
 from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
 from notebook_accel.registry import TrainingObjects
@@ -297,6 +298,7 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self.prepare_scheduler(obj)
+        milestone()  # a launched worker reports what it imported (launch/warm.py)
         return result[0] if len(result) == 1 else tuple(result)
 
     def _prepare_one(self, obj: Any, device_placement: bool) -> Any:

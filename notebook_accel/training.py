@@ -12,6 +12,8 @@ from typing import Any
 
 import torch
 
+from notebook_accel.launch.destination import milestone
+
 
 @dataclass
 class GradientState:
@@ -83,6 +85,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.step_was_skipped = False
         self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
         self.gradients_reduced = False  # set by reduce_gradients until the step
+        self._stepped = False
 
     @property
     def state(self) -> Any:
@@ -144,6 +147,9 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             result = self._scaled_step(closure)
         if self.platform is not None:
             self.platform.end_step()
+        if not self._stepped:  # what the first step imported is worth warming (launch/warm.py)
+            self._stepped = True
+            milestone()
         return result
 
     def _scaled_step(self, closure: Any) -> Any:

@@ -1,4 +1,4 @@
-"""Where this process's metric records and progress updates go.
+"""Where this process's metric records, progress updates and milestones go.
 
 One place for it: `Accelerator.log` and `progress_bar` ask `current()`, and
 whoever runs a training function installs a `Destination` around it with
@@ -6,6 +6,11 @@ whoever runs a training function installs a `Destination` around it with
 launching process), or the launcher's in-process path (`num_processes=1`,
 straight into the run's report). With nothing installed, records are kept in
 `metrics.local_history()` and progress is drawn with rich.
+
+A milestone is a moment when a training function has likely imported what
+its training needs (`prepare()` done, the first optimizer step): a launched
+worker then tells the launcher which modules it imported, so that the
+launcher can import them while the run goes (launch/warm.py).
 
 The current destination is process-wide, not per thread, so that a training
 function's own helper threads log to its run too. Swapping it is a plain
@@ -28,10 +33,12 @@ ProgressHook = Callable[[int, "int | None", float], None]
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
-    """Receivers of metric records and progress updates; None: the default for that kind."""
+    """Receivers of metric records, progress updates and milestones; None: the default
+    for that kind (milestones: nothing)."""
 
     metric: Callable[[MetricRecord], None] | None = None
     progress: ProgressHook | None = None
+    milestone: Callable[[], None] | None = None
 
 
 _current = Destination()
@@ -40,6 +47,13 @@ _current = Destination()
 def current() -> Destination:
     """Where metrics and progress made in this process go right now."""
     return _current
+
+
+def milestone() -> None:
+    """Mark a moment when the training function has imported what it trains with."""
+    hook = _current.milestone
+    if hook is not None:
+        hook()
 
 
 @contextmanager

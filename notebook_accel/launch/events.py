@@ -54,7 +54,8 @@ class PeakResources:
 @dataclass(frozen=True)
 class ModulesImported:
     """Modules a worker imported that were not imported when it was forked, in import
-    order, each with its file (None for built-in ones); sent once, at the worker's end."""
+    order, each with its file (None for built-in ones); sent at the training function's
+    milestones and at the worker's end, each time what is new since the last."""
 
     rank: int
     modules: tuple[tuple[str, str | None], ...]

@@ -16,6 +16,7 @@ from notebook_accel.launch.destination import Destination, sending_to
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.events import (
     AttemptStarted,
+    ModulesImported,
     Progress,
     Restarting,
     Result,
@@ -34,7 +35,7 @@ from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
 from notebook_accel.launch.report import RunReport
 from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, interrupts_stop
-from notebook_accel.launch.warm import warm_after_run
+from notebook_accel.launch.warm import RunWarmer
 
 # The report of the most recently started launch in this process (each run
 # has its own; this is only which one `last_run()` answers with).
@@ -145,8 +146,12 @@ def run_plan(
     _last_run = report
     observers = ObserverGroup([observer])
 
+    warmer = _warmer_for(plan, report)
+
     def emit(event: RunEvent) -> None:
         report.apply(event)
+        if isinstance(event, ModulesImported):
+            warmer.offer(event.modules)
         observers.on_event(event, report)
 
     error: BaseException | None = None
@@ -159,13 +164,14 @@ def run_plan(
             # A stop press anywhere in the launch becomes a request the launch
             # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
-                _run_workers(plan, emit, stop_or_interrupt)
+                _run_workers(plan, emit, stop_or_interrupt, between=warmer.step)
     except BaseException as failure:
         error = failure
         raise
     finally:
         emit(RunEnded(error))
-        _warm_next_launch(plan, report)
+        # Before returning, so that the next launch, even in the same cell, is warm.
+        warmer.finish(interrupted=isinstance(error, KeyboardInterrupt))
     return _returned(plan, report.results)
 
 
@@ -185,12 +191,11 @@ def fresh_start_message(plan: LaunchPlan) -> str:
     )
 
 
-def _warm_next_launch(plan: LaunchPlan, report: RunReport) -> None:
-    """Import here what the workers had to import, so the next launch's workers have it."""
-    if plan.in_process:  # the function ran here: whatever it imported is here already
+def _warmer_for(plan: LaunchPlan, report: RunReport) -> RunWarmer:
+    """What imports here what the workers had to import, so the next launch's workers have it."""
+    if plan.in_process:  # the function runs here: whatever it imports is here already
         report.warming.finish("not needed")
-        return
-    warm_after_run(report.imported_by_workers, report.warming, enabled=plan.warm)
+    return RunWarmer(report.warming, enabled=plan.warm)
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
@@ -200,7 +205,9 @@ def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
     return results.get(first)
 
 
-def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
+def _run_workers(
+    plan: LaunchPlan, emit: Emit, stop: StopSignal | None, between: Callable[[], bool]
+) -> None:
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     for attempt in range(plan.max_restarts + 1):
         if stop is not None and stop.is_set():  # Stop pressed while restarting
@@ -217,7 +224,7 @@ def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
                     raise KeyboardInterrupt("the run was stopped")
                 group.start()
                 rendezvous.serve()
-                group.wait(deadline)
+                group.wait(deadline, between=between)
                 return
             except WorkerError as failure:
                 if attempt == plan.max_restarts:

@@ -310,14 +310,14 @@ class WorkerGroup:
 
     # -- watching --------------------------------------------------------------
 
-    def wait(self, deadline: float | None) -> None:
+    def wait(self, deadline: float | None, between: Callable[[], bool] | None = None) -> None:
         """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
 
         After the first failure it listens SETTLE_SECONDS longer (or until
         every worker has exited), so that the failure that caused the others
-        is reported first.
+        is reported first. `between` is called between events (see `serve_until`).
         """
-        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers)
+        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers, between)
         failures = self.failed_workers()
         if failures:
             raise WorkerError(self._failures_cause_first(failures))
@@ -328,13 +328,17 @@ class WorkerGroup:
         deadline: float | None,
         stop: StopSignal | None,
         failed: Callable[[], list[_Worker]] | None = None,
+        between: Callable[[], bool] | None = None,
     ) -> None:
         """Handle the workers' events until `done()` is true.
 
         Raises WorkerError once `failed()` (by default: a worker raised or
         exited at all, as live workers only exit when told to) has named a
         worker for SETTLE_SECONDS, TimeoutError at `deadline`, and
-        KeyboardInterrupt once `stop` is set.
+        KeyboardInterrupt once `stop` is set. `between()`, when given, does
+        one short piece of the launching thread's own work (warming: one
+        import) and says whether it did; while it has work, events are
+        handled without waiting for them.
         """
         failed = failed or self._ended_workers
         extra = stop is not None and stop is not self.stop_signal
@@ -349,7 +353,8 @@ class WorkerGroup:
                     raise TimeoutError
                 if stop is not None and stop.is_set():
                     raise KeyboardInterrupt("the run was stopped")
-                self._poll(until=settle_until if settle_until is not None else deadline)
+                busy = between is not None and settle_until is None and between()
+                self._poll(until=time.monotonic() if busy else settle_until or deadline)
                 self._reap_unseen_exits()
                 if settle_until is None and failed():
                     settle_until = time.monotonic() + SETTLE_SECONDS

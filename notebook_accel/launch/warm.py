@@ -1,11 +1,30 @@
-"""Warm launches: import here what the last run's workers had to import themselves.
+"""Warm launches: the launching process imports what its workers had to import.
 
 A worker forked from this process inherits every module imported here; what
 it imports itself it pays for in every launch (the first torch.optim
 optimizer a process builds imports torch._dynamo: seconds). So each worker
-reports, at its end, the modules it imported that were not imported when it
-was forked (`ModulesImported`), and after the run this process imports the
-safe ones on a background thread: the next launch's workers start with them.
+reports the modules it imported that were not imported when it was forked
+(`ModulesImported`): as soon as its training function reaches a milestone
+(`prepare()` done, the first optimizer step; launch/destination.py), and at
+its end. This process imports the safe ones, so that the next launch's
+workers start with them.
+
+Where and when: only on the thread that runs the notebook's code, while that
+thread is inside the launch anyway. Two threads importing one package tree
+are not safe in CPython (the per-module locks' deadlock detector hands one of
+them a half-initialised module; seen as sympy and torch._dynamo ImportErrors
+in a cell that built an optimizer right after a launch), and a library may
+register fork hooks while it is imported. So a launch on the main thread (a
+notebook cell, a script) imports one module at a time between the events it
+handles while the workers train, and what is left before it returns: the
+next launch, even the next one in the same cell, is warm. A launch started
+from another thread (the panel's Launch button) leaves its imports to the
+main thread: in a Jupyter kernel as callbacks of the kernel's event loop,
+which run between cells; outside a kernel not at all.
+
+Each import holds the fork lock (launch/forking.py), so no launch in another
+thread forks a copy of a half-done import, and a stop press waits until the
+module is whole.
 
 Safe means: part of an installed package (not the notebook, not a file next
 to it), and not under one of a platform's device packages
@@ -15,38 +34,30 @@ every import the platforms check this process again (the same check a launch
 makes): if a device runtime was started after all, warming stops for the
 rest of the process and says why; the next launch refuses as it would after
 any cell that did so.
-
-A fork copies a half-done import with its locks held, and the child waits on
-them forever. `os.register_at_fork` makes every fork in this process (a
-launch, DataLoader workers, multiprocessing) wait for the warming thread
-first, so no fork happens while it imports.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import itertools
 import os
-import signal
 import site
 import sys
 import sysconfig
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from notebook_accel.launch.forking import guarded
 
 # Imported by the first torch.optim optimizer a process builds (its
 # `_disable_dynamo` decorator imports torch._dynamo on first call): seconds in
 # every worker forked from a process that never built one. The panel warms
 # these when it is shown.
 KNOWN_HEAVY = ("torch._dynamo",)
-
-# How long a fork waits for the warming thread; an import slower than this is stuck.
-FORK_WAIT_SECONDS = 60.0
-# An interrupt that came while a fork waited is raised again this long after it.
-INTERRUPT_AGAIN_SECONDS = 0.01
 
 # The notebook's own code, which runs where it is called and nowhere else.
 _NOTEBOOK_MODULES = ("__main__", "__mp_main__")
@@ -56,16 +67,18 @@ _MAX_REASON = 200
 
 @dataclass
 class Warming:
-    """What this process imported after a run so that the next launch's workers have it.
+    """What this process imported for a run so that the next launch's workers have it.
 
     `status`: "not started", "off" (the launch passed warm=False, or warming
-    stopped earlier in this process: `problem` says why), "not needed" (the
-    function ran in this process), "running" (on a background thread),
-    "done", or "stopped" (an import started a device runtime: `problem` says
-    which; the next launch refuses, and warming stays off in this process).
-    `modules` are the modules imported here on purpose, in order; `imported`
-    counts every module that brought in; `seconds` is what it took (once, in
-    the background, instead of in every worker of every launch). `skipped`
+    cannot run here: `problem` says why), "not needed" (the function ran in
+    this process), "running" (modules are being imported, on the thread that
+    runs the notebook's code), "done", "deferred" (left to the Jupyter
+    kernel's event loop, between cells: `wait()` for it), "interrupted" (a
+    stop press ended it), or "stopped" (an import started a device runtime:
+    `problem` says which; the next launch refuses, and warming stays off in
+    this process). `modules` are the modules imported here on purpose, in
+    order; `imported` counts every module that brought in; `seconds` is what
+    it took (once, instead of in every worker of every launch). `skipped`
     maps a module left alone to the reason.
     """
 
@@ -75,11 +88,14 @@ class Warming:
     seconds: float = 0.0
     skipped: dict[str, str] = field(default_factory=dict)
     problem: str | None = None
+    pending: list[str] = field(default_factory=list, repr=False)
     _finished: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
 
     def wait(self, timeout: float) -> bool:
-        """Wait at most `timeout` seconds for warming to end; True once it has (or never ran)."""
-        if self.status == "running":
+        """Wait at most `timeout` seconds for deferred warming to end; True once it has
+        (or never had to wait). Never call it on the main thread of a kernel whose
+        event loop does the deferred imports: that thread would wait for itself."""
+        if self.status in ("running", "deferred"):
             return self._finished.wait(timeout)
         return True
 
@@ -94,49 +110,184 @@ class Warming:
         return text + (f" ({self.problem})" if self.problem else "")
 
     def finish(self, status: str) -> None:
-        """Set the final status and wake whoever waits (warming ended, or never ran)."""
+        """Set the final status and wake whoever waits."""
         self.status = status
         self._finished.set()
 
 
-def imported_since(count_at_fork: int) -> tuple[tuple[str, str | None], ...]:
-    """The modules imported since `sys.modules` held `count_at_fork` entries, with
-    their files, in import order. A worker calls it at its end.
+def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
+    """The modules imported since `sys.modules` held `count` entries, with their
+    files, in import order. A worker calls it when it reports.
 
     Only the newest entries are read (sys.modules keeps insertion order):
     touching every module of a forked process would copy the memory pages
     of all of them (copy-on-write, a few milliseconds). A module removed
-    since the fork shifts the cut by one, which at worst names a module this
-    process already has.
+    since shifts the cut by one, which at worst names a module this process
+    already has.
     """
-    new = max(0, len(sys.modules) - count_at_fork)
+    new = max(0, len(sys.modules) - count)
     found = []
     for name, module in reversed(list(itertools.islice(reversed(sys.modules.items()), new))):
         found.append((name, getattr(module, "__file__", None)))
     return tuple(found)
 
 
-def warm_after_run(imported: Mapping[str, str | None], warming: Warming, enabled: bool) -> None:
-    """Import here, in the background, the safe modules among those the workers imported."""
-    if not enabled:
-        warming.finish("off")
-        return
-    try:
-        names, warming.skipped = choose(imported)
-        _WARMER.request(names, warming)
-    except Exception as error:  # noqa: BLE001 - called as a run ends: never fail the run for it
-        warming.problem = f"{type(error).__name__}: {error}"[:_MAX_REASON]
-        warming.finish("stopped")
+class RunWarmer:
+    """One launch's warming: takes the workers' reports, imports on the right thread.
+
+    `offer` takes a worker's report (in the launching thread, as events come);
+    `step` imports one pending module when called on the main thread (the
+    launch calls it between events while the workers run) and says whether it
+    did; `finish` imports what is left as the launch ends.
+    """
+
+    def __init__(self, warming: Warming, enabled: bool, here: bool | None = None):
+        self.warming = warming
+        # Whether this thread may import: the main one runs the notebook's code.
+        if here is None:
+            here = threading.current_thread() is threading.main_thread()
+        self._here = here
+        self._started: float | None = None
+        self._modules_before = 0
+        if not enabled:
+            warming.finish("off")
+        elif _PROCESS.stopped is not None:
+            warming.problem = _PROCESS.stopped
+            warming.finish("off")
+
+    @property
+    def active(self) -> bool:
+        return self.warming.status in ("not started", "running")
+
+    def offer(self, imported: Iterable[tuple[str, str | None]]) -> None:
+        """Queue the safe modules among those a worker reported it imported."""
+        if not self.active:
+            return
+        try:
+            names, skipped = choose(dict(imported))
+        except Exception as error:  # noqa: BLE001 - never fail a run for its warming
+            self._stop(f"{type(error).__name__}: {error}")
+            return
+        warming = self.warming
+        warming.skipped.update(skipped)
+        for name in names:
+            if name in _PROCESS.failed:
+                warming.skipped[name] = _PROCESS.failed[name]
+            elif name not in warming.pending:
+                warming.pending.append(name)
+
+    def step(self) -> bool:
+        """Import the next pending module if this is the main thread; True if it did."""
+        if not (self._here and self.active and self.warming.pending):
+            return False
+        self._import(self.warming.pending.pop(0))
+        return True
+
+    def finish(self, interrupted: bool) -> None:
+        """The launch ends: import what is left here, or leave it to the kernel's loop.
+
+        A stop press during an import ends warming and is raised (as
+        KeyboardInterrupt) once that module is whole.
+        """
+        warming = self.warming
+        if not self.active:
+            return
+        if interrupted:
+            warming.pending.clear()
+            self._end("interrupted")
+        elif not warming.pending:
+            self._end("done")
+        elif self._here:
+            try:
+                while self.step():
+                    pass
+            except KeyboardInterrupt:
+                warming.pending.clear()
+                self._end("interrupted")
+                raise
+            self._end("done")
+        elif call_on_kernel_loop(self._deferred_step):
+            warming.status = "deferred"
+        else:
+            warming.pending.clear()
+            warming.problem = (
+                "launched from a thread other than the main one, outside a Jupyter kernel: "
+                "importing there could race the code on the main thread"
+            )
+            warming.finish("off")
+
+    def _deferred_step(self) -> None:
+        # On the kernel's main thread, between cells: one module per callback,
+        # so that a cell or a widget click waiting to run goes first.
+        if self.warming.status != "deferred":
+            return
+        if not self.warming.pending:
+            self._end("done")
+            return
+        try:
+            self._import(self.warming.pending.pop(0), deferred=True)
+        except KeyboardInterrupt:
+            self.warming.pending.clear()
+            self._end("interrupted")
+            return
+        if self.warming.status == "deferred" and not call_on_kernel_loop(self._deferred_step):
+            self._end("done")
+
+    def _import(self, name: str, deferred: bool = False) -> None:
+        warming = self.warming
+        if self._started is None:
+            self._started, self._modules_before = time.perf_counter(), len(sys.modules)
+        if not deferred:
+            warming.status = "running"
+        started = time.perf_counter()
+        try:
+            with guarded():  # no fork copies it half done; a stop press waits for it
+                problem = _import_guarded(name, warming)
+        finally:
+            warming.seconds += time.perf_counter() - started
+            warming.imported = len(sys.modules) - self._modules_before
+        if problem is not None:
+            _PROCESS.stopped = f"importing {name} started a device runtime: {problem}"
+            self._stop(_PROCESS.stopped)
+
+    def _stop(self, problem: str) -> None:
+        self.warming.problem = problem[:_MAX_REASON]
+        self.warming.pending.clear()
+        self.warming.finish("stopped")
+
+    def _end(self, status: str) -> None:
+        if self.warming.status in ("not started", "running", "deferred"):
+            self.warming.finish(status)
 
 
 def warm_known(enabled: bool = True) -> Warming:
-    """Warm KNOWN_HEAVY in the background (the panel does when it is shown)."""
+    """Import KNOWN_HEAVY on the kernel's main thread between cells (the panel does
+    when it is shown, from a cell: the imports run once that cell has ended)."""
     warming = Warming()
-    if enabled:
-        _WARMER.request(list(KNOWN_HEAVY), warming)
-    else:
-        warming.finish("off")
+    # Not here: the cell that shows the panel would wait for the imports.
+    warmer = RunWarmer(warming, enabled, here=False)
+    if warmer.active:
+        found = (importlib.util.find_spec(name) for name in KNOWN_HEAVY)
+        warmer.offer((spec.name, spec.origin) for spec in found if spec is not None)
+        warmer.finish(interrupted=False)
     return warming
+
+
+def call_on_kernel_loop(callback: Callable[[], None]) -> bool:
+    """Have the Jupyter kernel's main-thread event loop call `callback` when it is
+    free (between cells); False outside a kernel. Safe from any thread."""
+    if "ipykernel" not in sys.modules:  # never import IPython for this
+        return False
+    try:
+        from IPython import get_ipython
+
+        loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
+        if loop is None:
+            return False
+        loop.add_callback(callback)
+    except Exception:  # noqa: BLE001 - a kernel without the loop we know
+        return False
+    return True
 
 
 def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str]]:
@@ -189,134 +340,42 @@ def _installed_roots() -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-class _Warmer:
-    """This process's warming thread: one at a time, taking requests in order."""
+@dataclass
+class _ProcessWarming:
+    """What warming learnt in this process, for every later launch."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._jobs: list[tuple[list[str], Warming]] = []
-        self._running = False
-        self._thread: threading.Thread | None = None
-        # Why warming stopped for good in this process (a device runtime started).
-        self.stopped: str | None = None
-        self._failed: dict[str, str] = {}
-        # Set while no warming thread is at work; forks wait for it.
-        self._idle = threading.Event()
-        self._idle.set()
-        self._interrupted = False
-
-    def request(self, names: list[str], warming: Warming) -> None:
-        with self._lock:
-            if self.stopped is not None:
-                warming.problem = self.stopped
-                warming.finish("off")
-                return
-            for name in [name for name in names if name in self._failed]:
-                warming.skipped[name] = self._failed[name]
-            names = [name for name in names if name not in self._failed]
-            if not names:  # the usual case from the second launch on: no thread at all
-                warming.finish("done")
-                return
-            warming.status = "running"
-            self._jobs.append((names, warming))
-            if not self._running:
-                self._running = True
-                self._idle.clear()
-                self._thread = threading.Thread(
-                    target=self._work, name="notebook_accel-warm", daemon=True
-                )
-                self._thread.start()
-
-    def _work(self) -> None:
-        while True:
-            with self._lock:
-                if not self._jobs:
-                    self._running = False
-                    self._idle.set()
-                    return
-                names, warming = self._jobs.pop(0)
-            try:
-                self._warm(names, warming)
-            except BaseException as error:  # noqa: BLE001 - the thread must go on to the next job
-                warming.problem = f"{type(error).__name__}: {error}"[:_MAX_REASON]
-                warming.finish("stopped")
-
-    def _warm(self, names: Iterable[str], warming: Warming) -> None:
-        from notebook_accel.platforms import PLATFORMS
-
-        platforms = list(PLATFORMS.values())
-        started, before = time.perf_counter(), len(sys.modules)
-        unclean_before = _device_problem(platforms)
-        me = threading.get_ident()
-        undos = [p.guard_runtime_start(lambda: threading.get_ident() == me) for p in platforms]
-        status = "done"
-        try:
-            for name in names:
-                if not self._import(name, warming):
-                    continue
-                problem = _device_problem(platforms)
-                if problem is not None and unclean_before is None:
-                    self.stopped = f"importing {name} started a device runtime: {problem}"
-                    warming.problem = self.stopped
-                    status = "stopped"
-                    break
-        finally:
-            for undo in undos:
-                undo()
-            warming.imported = len(sys.modules) - before
-            warming.seconds = time.perf_counter() - started
-            warming.finish(status)
-
-    def _import(self, name: str, warming: Warming) -> bool:
-        """Import `name` unless it is there already; True when it was imported now."""
-        if name in sys.modules:
-            return False
-        try:
-            importlib.import_module(name)
-        except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
-            reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
-            self._failed[name] = warming.skipped[name] = reason
-            return False
-        warming.modules.append(name)
-        return True
-
-    def wait_before_fork(self) -> None:
-        if self._thread is threading.current_thread():
-            return  # an imported module forks: it cannot wait for itself
-        # An Event, not Thread.join: a join interrupted by KeyboardInterrupt
-        # marks the thread stopped while it still runs (Python 3.11, bpo-45274's fix).
-        deadline = time.monotonic() + FORK_WAIT_SECONDS
-        while not self._idle.is_set() and time.monotonic() < deadline:
-            try:
-                self._idle.wait(max(0.0, deadline - time.monotonic()))
-            except KeyboardInterrupt:
-                # Raised in an at-fork hook it would be ignored and the fork would
-                # go ahead mid-import; it is raised again after the fork instead.
-                self._interrupted = True
-
-    def after_fork_in_parent(self) -> None:
-        if self._interrupted:
-            self._interrupted = False
-            # Delivered from another thread a moment later: raised now, it would
-            # land in this hook and be ignored.
-            threading.Timer(INTERRUPT_AGAIN_SECONDS, _interrupt_main).start()
-
-    def forget_after_fork(self) -> None:
-        # In the child: the lock may have been copied held, and the thread is not there.
-        self._lock = threading.Lock()
-        self._jobs = []
-        self._running = False
-        self._thread = None
-        self._idle = threading.Event()
-        self._idle.set()
-        self._interrupted = False
+    # Why warming stopped for good (a device runtime started while it imported).
+    stopped: str | None = None
+    # Modules whose import failed here, with the reason: not tried again.
+    failed: dict[str, str] = field(default_factory=dict)
 
 
-def _interrupt_main() -> None:
-    # A real SIGINT (not _thread.interrupt_main) also wakes a main thread that sleeps
-    # or waits; only sent where a Python handler will turn it into KeyboardInterrupt.
-    if callable(signal.getsignal(signal.SIGINT)):
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+_PROCESS = _ProcessWarming()
+
+
+def _import_guarded(name: str, warming: Warming) -> str | None:
+    """Import `name` with every device runtime's start refused; return the device
+    problem the import caused anyway, if any."""
+    from notebook_accel.platforms import PLATFORMS
+
+    if name in sys.modules:
+        return None
+    platforms = list(PLATFORMS.values())
+    unclean_before = _device_problem(platforms)
+    me = threading.get_ident()
+    undos = [p.guard_runtime_start(lambda: threading.get_ident() == me) for p in platforms]
+    try:
+        importlib.import_module(name)
+    except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
+        reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
+        _PROCESS.failed[name] = warming.skipped[name] = reason
+        return None
+    finally:
+        for undo in undos:
+            undo()
+    warming.modules.append(name)
+    problem = _device_problem(platforms)
+    return problem if unclean_before is None else None
 
 
 def _device_problem(platforms: list) -> str | None:
@@ -325,24 +384,3 @@ def _device_problem(platforms: list) -> str | None:
         if problem:
             return problem
     return None
-
-
-_WARMER = _Warmer()
-
-
-def _before_fork() -> None:
-    _WARMER.wait_before_fork()
-
-
-def _after_fork_in_parent() -> None:
-    _WARMER.after_fork_in_parent()
-
-
-def _after_fork_in_child() -> None:
-    _WARMER.forget_after_fork()
-
-
-# Registered once, when this module is first imported (by the launcher).
-os.register_at_fork(
-    before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child
-)

@@ -65,7 +65,8 @@ class WorkerSpec:
     # local_world_size) -> value. The XLA backend runs it as a PJRT process.
     run: Callable[..., Any]
     worker_environment: Callable[[int], dict[str, str]] = field(default=lambda local_rank: {})
-    # Send, at the end, the modules the worker imported itself (launch/warm.py).
+    # Send the modules the worker imported itself, at milestones and at the end
+    # (launch/warm.py).
     report_imports: bool = False
     # "fork", or "spawn": a fresh interpreter (launch/fresh.py), which gets the
     # function and its arguments pickled by value in `shipped` instead.
@@ -121,12 +122,16 @@ def worker_main(
 
     channel = ChannelWriter(channel_fd)
     _CHANNEL, _COMMAND_FD = channel, command_fd
+    rank = spec.global_rank(local_rank)
+    imports = _ImportReporter(channel, rank, modules_at_fork) if spec.report_imports else None
+    # One worker per node reports at milestones (its peers import the same); all at the end.
+    early = imports.report if imports is not None and local_rank == 0 else None
     exitcode = 1
     try:
-        with sending_to(_channel_destination(channel, spec.global_rank(local_rank))):
+        with sending_to(_channel_destination(channel, rank, milestone=early)):
             exitcode = _run(spec, local_rank, channel)
-            if spec.report_imports:
-                _send_imported(channel, spec.global_rank(local_rank), modules_at_fork)
+            if imports is not None:
+                imports.report()
     finally:
         try:
             channel.flush()  # metrics still waiting for their batch
@@ -210,8 +215,11 @@ def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:
     return spec.run(spec.function, spec.args, spec.kwargs, local_rank, spec.local_world_size)
 
 
-def _channel_destination(channel: ChannelWriter, rank: int) -> Destination:
-    """Metrics and progress of this worker go to the launcher; progress at most 10 updates/s."""
+def _channel_destination(
+    channel: ChannelWriter, rank: int, milestone: Callable[[], None] | None = None
+) -> Destination:
+    """Metrics, progress and milestones of this worker go to the launcher; progress at
+    most 10 updates/s."""
     last_sent = [0.0]
 
     def send_progress(step: int, total: int | None, elapsed: float) -> None:
@@ -224,6 +232,7 @@ def _channel_destination(channel: ChannelWriter, rank: int) -> Destination:
     return Destination(
         metric=functools.partial(channel.send, batch=True),
         progress=send_progress,
+        milestone=milestone,
     )
 
 
@@ -241,11 +250,21 @@ def _send_peak_resources(channel: ChannelWriter, rank: int) -> None:
         pass
 
 
-def _send_imported(channel: ChannelWriter, rank: int, modules_at_fork: int) -> None:
-    try:
-        channel.send(ModulesImported(rank, imported_since(modules_at_fork)))
-    except Exception:  # noqa: BLE001 - only the next launch's speed depends on it
-        pass
+class _ImportReporter:
+    """Tells the launcher which modules this worker imported since it last said (launch/warm.py)."""
+
+    def __init__(self, channel: ChannelWriter, rank: int, modules_at_fork: int):
+        self.channel, self.rank, self.count = channel, rank, modules_at_fork
+
+    def report(self) -> None:
+        if len(sys.modules) <= self.count:  # the usual case after the first milestone
+            return
+        modules = imported_since(self.count)
+        self.count = len(sys.modules)
+        try:
+            self.channel.send(ModulesImported(self.rank, modules))
+        except Exception:  # noqa: BLE001 - only the next launch's speed depends on it
+            pass
 
 
 def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:

@@ -53,8 +53,8 @@ def xla_python() -> Path:
         raise
 
 
-@pytest.fixture(scope="module")
-def scenario(xla_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+def xla_environment() -> dict[str, str]:
+    """This environment, without what would steer torch_xla or a launch elsewhere."""
     env = {
         name: value
         for name, value in os.environ.items()
@@ -62,10 +62,15 @@ def scenario(xla_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
         and name not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     }
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
+    return env
+
+
+@pytest.fixture(scope="module")
+def scenario(xla_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
     done = subprocess.run(
         [str(xla_python), str(HERE / "scenario_cpu_device.py")],
         cwd=tmp_path_factory.mktemp("xla"),
-        env=env,
+        env=xla_environment(),
         capture_output=True,
         text=True,
         timeout=600,
@@ -125,3 +130,20 @@ def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_work
     assert "start_method='fork' cannot work here" in scenario["checks"]["refused"]["message"]
     fresh = scenario["checks"]["fresh"]
     assert fresh["value"] == 2.0 and fresh["start_method"] == "spawn"
+
+
+def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, tmp_path):
+    # Each round a fresh interpreter: nothing heavy imported yet, as in a new kernel.
+    for round_ in range(3):
+        done = subprocess.run(
+            [str(xla_python), str(HERE / "scenario_run_all.py")],
+            cwd=tmp_path,
+            env=xla_environment(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, f"round {round_}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen == {"first": "xla:0", "second": "xla:0", "warming": "done"}, seen
+        assert "Traceback" not in done.stderr, done.stderr
