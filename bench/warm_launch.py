@@ -1,25 +1,37 @@
-"""Call -> first optimizer step, launch after launch in one process: warm launches.
+"""Launch after launch in one interpreter: warm launches, against the references.
 
-A training function builds torch.nn.Linear + torch.optim.AdamW, prepares them
-and takes one optimizer step; every worker records when that step is done. The
-figure is the time from the launch call until every worker has stepped, for
-launches 1, 2, 3 in one interpreter (warmth belongs to a process, so each
-launcher gets a fresh interpreter per round; the launchers take turns and the
-medians of the rounds are printed). Between launches the script waits
-`--pause` seconds, as a person editing a cell would.
+Warmth belongs to a process, so every launcher gets a fresh interpreter per
+round; the launchers take turns and the medians of the rounds are printed.
+Three patterns:
 
-  raw fork      torch.multiprocessing.start_processes(fork) + init_process_group
-                + DistributedDataParallel, the floor
+  sweep    a loop of launches in one cell, no pause (a hyper-parameter sweep,
+           "Run All"): LAUNCHES_SWEEP launches of a training function that
+           builds torch.nn.Linear + torch.optim.AdamW, prepares them and takes
+           one optimizer step. Figure: call -> every worker has stepped.
+  edit     the same with `--pause` seconds between launches, as a person
+           editing a cell would.
+  trivial  `Accelerator().wait_for_everyone()` (the raw reference: fork + gloo
+           init + barrier), called LAUNCHES_TRIVIAL times in a row. Figure: the
+           whole call.
+
+Launchers:
+  raw fork        torch.multiprocessing.start_processes(fork) + init_process_group
+                  (+ DistributedDataParallel and AdamW for the training pattern), the floor
   notebook_accel  notebook_launcher with Accelerator().prepare
-  notebook_accel warm=False  the same with warming off (launch 1 as it was before)
-  accelerate    Accelerate's notebook_launcher with its Accelerator, when installed
+  notebook_accel warm=False  the same with warming off
+  accelerate      Accelerate's notebook_launcher with its Accelerator, when installed
 
     python bench/warm_launch.py [--rounds 5] [--workers 2] [--device cpu|cuda]
+        [--pattern sweep edit trivial] [--pause 5]
 
 With --device cuda every worker trains on a GPU of its own (nccl); with one
 GPU, one forked worker (notebook_accel would otherwise run a single worker in
 this process). Accelerate runs a single process in this process, so with one
 GPU its column is left out.
+
+Python's bytecode cache matters here: with PYTHONDONTWRITEBYTECODE set, every
+module a worker imports is compiled again in every launch. The script says so
+when it is set.
 """
 
 from __future__ import annotations
@@ -35,7 +47,9 @@ import sys
 import time
 import warnings
 
-LAUNCHES = 3
+LAUNCHES_SWEEP = 5
+LAUNCHES_EDIT = 3
+LAUNCHES_TRIVIAL = 3
 # When each worker finished its first optimizer step; shared with forked children.
 STEPPED = None
 
@@ -64,33 +78,40 @@ def _first_step(accelerator_class, device: str) -> None:
     _stamp()
 
 
-def ours_fn(device: str) -> None:
+def _barrier_only(accelerator_class, device: str) -> None:
+    accelerator_class(cpu=device == "cpu").wait_for_everyone()
+    _stamp()
+
+
+def ours_fn(device: str, trivial: bool) -> None:
     from notebook_accel import Accelerator
 
-    _first_step(Accelerator, device)
+    (_barrier_only if trivial else _first_step)(Accelerator, device)
 
 
-def accelerate_fn(device: str) -> None:
+def accelerate_fn(device: str, trivial: bool) -> None:
     from accelerate import Accelerator
 
-    _first_step(Accelerator, device)
+    (_barrier_only if trivial else _first_step)(Accelerator, device)
 
 
-def raw_fn(rank: int, device: str, workers: int) -> None:
+def raw_fn(rank: int, device: str, workers: int, trivial: bool) -> None:
     import torch
     import torch.distributed as dist
-    from torch.nn.parallel import DistributedDataParallel
 
     os.environ["LOCAL_RANK"] = str(rank)
     if device == "cuda":
         torch.cuda.set_device(rank)
     where = torch.device(device, rank) if device == "cuda" else torch.device("cpu")
     dist.init_process_group("nccl" if device == "cuda" else "gloo", rank=rank, world_size=workers)
-    model = DistributedDataParallel(
-        torch.nn.Linear(16, 4).to(where), device_ids=[rank] if device == "cuda" else None
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    _step(model, optimizer, where)
+    if not trivial:
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(
+            torch.nn.Linear(16, 4).to(where), device_ids=[rank] if device == "cuda" else None
+        )
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        _step(model, optimizer, where)
     _stamp()
     dist.barrier()
     dist.destroy_process_group()
@@ -102,12 +123,14 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _launch(name: str, device: str, workers: int) -> None:
+def _launch(name: str, device: str, workers: int, trivial: bool) -> None:
     if name == "raw fork":
         from torch.multiprocessing import start_processes
 
         os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})
-        start_processes(raw_fn, args=(device, workers), nprocs=workers, start_method="fork")
+        start_processes(
+            raw_fn, args=(device, workers, trivial), nprocs=workers, start_method="fork"
+        )
     elif name.startswith("notebook_accel"):
         from notebook_accel.launch.launcher import run_plan
         from notebook_accel.launch.observers import ConsoleObserver
@@ -116,7 +139,7 @@ def _launch(name: str, device: str, workers: int) -> None:
         # single_in_process=False: one GPU still gets a forked worker.
         plan = plan_launch(
             function=ours_fn,
-            args=(device,),
+            args=(device, trivial),
             num_processes=workers,
             backend=device,
             single_in_process=False,
@@ -127,44 +150,51 @@ def _launch(name: str, device: str, workers: int) -> None:
         from accelerate import notebook_launcher
 
         notebook_launcher(
-            accelerate_fn, args=(device,), num_processes=workers, use_port=str(_free_port())
+            accelerate_fn,
+            args=(device, trivial),
+            num_processes=workers,
+            use_port=str(_free_port()),
         )
 
 
-def child(name: str, device: str, workers: int, pause: float) -> None:
-    """One interpreter: LAUNCHES launches of one launcher; prints their times as JSON."""
+def child(name: str, args: argparse.Namespace) -> None:
+    """One interpreter: the launches of one pattern by one launcher; prints JSON."""
     global STEPPED
     warnings.simplefilter("ignore")
     import torch  # noqa: F401 - a notebook has torch imported before its first launch
 
-    STEPPED = multiprocessing.Array("d", workers, lock=False)
-    times, reports = [], []
-    for launch in range(LAUNCHES):
-        if launch:
+    trivial = args.child_pattern == "trivial"
+    count = {"sweep": LAUNCHES_SWEEP, "edit": LAUNCHES_EDIT, "trivial": LAUNCHES_TRIVIAL}[
+        args.child_pattern
+    ]
+    pause = args.pause if args.child_pattern == "edit" else 0.0
+    STEPPED = multiprocessing.Array("d", args.workers, lock=False)
+    first_step, whole, warming = [], [], []
+    for launch in range(count):
+        if launch and pause:
             time.sleep(pause)
-        for rank in range(workers):
+        for rank in range(args.workers):
             STEPPED[rank] = 0.0
         started = time.time()
-        _launch(name, device, workers)
+        _launch(name, args.device, args.workers, trivial)
+        whole.append(time.time() - started)
         if not all(STEPPED):
             raise RuntimeError(f"{name}: a worker never took its step")
-        times.append(max(STEPPED) - started)
+        first_step.append(max(STEPPED) - started)
         if name.startswith("notebook_accel"):
             from notebook_accel import last_run
 
-            # Not waited for: a launch that comes before warming ends waits for
-            # it at the fork, and that wait is part of its time.
-            reports.append(last_run())
-    warming = [report.warming.seconds for report in reports if report.warming.wait(60)]
-    print(json.dumps({"times": times, "warming": warming}))
+            warming.append(last_run().warming.seconds)
+    print(json.dumps({"first_step": first_step, "whole": whole, "warming": warming}))
 
 
-def _run_child(name: str, args: argparse.Namespace) -> dict:
-    command = [sys.executable, __file__, "--child", name, "--device", args.device]
-    command += ["--workers", str(args.workers), "--pause", str(args.pause)]
+def _run_child(name: str, pattern: str, args: argparse.Namespace) -> dict:
+    command = [sys.executable, __file__, "--child", name, "--child-pattern", pattern]
+    command += ["--device", args.device, "--workers", str(args.workers)]
+    command += ["--pause", str(args.pause)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)
     if done.returncode:
-        raise RuntimeError(f"{name} failed:\n{done.stdout}\n{done.stderr}")
+        raise RuntimeError(f"{name} ({pattern}) failed:\n{done.stdout}\n{done.stderr}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -186,22 +216,32 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--pause", type=float, default=5.0)
+    parser.add_argument(
+        "--pattern",
+        nargs="+",
+        choices=("sweep", "edit", "trivial"),
+        default=["sweep", "edit", "trivial"],
+    )
+    parser.add_argument("--pause", type=float, default=5.0, help="seconds between edit launches")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--child-pattern", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.workers is None:
         args.workers = 2 if args.device == "cpu" else _gpu_count()
     if args.workers < 1:
         raise SystemExit("--device cuda: this machine has no GPU that torch can see")
     if args.child:
-        child(args.child, args.device, args.workers, args.pause)
+        child(args.child, args)
         return
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        print("(PYTHONDONTWRITEBYTECODE is set: every launch compiles what its workers import)")
     names = _launchers(args)
-    samples: dict[str, list[dict]] = {name: [] for name in names}
-    for _ in range(args.rounds):
-        for name in names:  # taking turns spreads the machine's load over all of them
-            samples[name].append(_run_child(name, args))
-    _print_table(samples, args)
+    for pattern in args.pattern:
+        samples: dict[str, list[dict]] = {name: [] for name in names}
+        for _ in range(args.rounds):
+            for name in names:  # taking turns spreads the machine's load over all of them
+                samples[name].append(_run_child(name, pattern, args))
+        _print_table(pattern, samples, args)
 
 
 def _gpu_count() -> int:
@@ -211,39 +251,49 @@ def _gpu_count() -> int:
     return torch.cuda._device_count_nvml()
 
 
-def _print_table(samples: dict[str, list[dict]], args: argparse.Namespace) -> None:
-    medians = {
-        name: [statistics.median(run["times"][i] for run in runs) for i in range(LAUNCHES)]
-        for name, runs in samples.items()
-    }
+def _medians(runs: list[dict], key: str) -> list[float]:
+    launches = len(runs[0][key])
+    return [statistics.median(run[key][i] for run in runs) for i in range(launches)]
+
+
+def _print_table(pattern: str, samples: dict[str, list[dict]], args: argparse.Namespace) -> None:
+    key = "whole" if pattern == "trivial" else "first_step"
+    medians = {name: _medians(runs, key) for name, runs in samples.items()}
+    launches = len(medians["notebook_accel"])
+    what = {
+        "sweep": "call -> first step in every worker, no pause between launches",
+        "edit": f"call -> first step in every worker, {args.pause:g} s between launches",
+        "trivial": "whole call of Accelerator().wait_for_everyone(), no pause between calls",
+    }[pattern]
     print(
-        f"\n{args.workers} {args.device} worker(s), call -> first step in every worker, "
-        f"median of {args.rounds} fresh interpreters, {args.pause:g} s between launches\n"
+        f"\n### {pattern}: {args.workers} {args.device} worker(s), {what}, "
+        f"median of {args.rounds} fresh interpreters\n"
     )
-    print("| launcher | " + " | ".join(f"launch {i + 1} (s)" for i in range(LAUNCHES)) + " |")
-    print("|---|" + "---|" * LAUNCHES)
+    print("| launcher | " + " | ".join(f"launch {i + 1} (s)" for i in range(launches)) + " |")
+    print("|---|" + "---|" * launches)
     for name, row in medians.items():
         print(f"| {name} | " + " | ".join(f"{t:.3f}" for t in row) + " |")
-    ours = medians["notebook_accel"]
-    for reference in ("accelerate", "raw fork"):
-        if reference in medians:
-            ratios = [o / r for o, r in zip(ours, medians[reference], strict=True)]
-            print(
-                f"\nnotebook_accel / {reference}: "
-                + ", ".join(f"launch {i + 1} {x:.2f}x" for i, x in enumerate(ratios))
-            )
-    if "accelerate" in medians:
-        print("(goal: launches 2-3 at most 0.2x accelerate; launch 1 no slower than before)")
-    if args.device == "cuda":
-        print(f"GPU worker from a warm kernel: {max(ours[1:]):.3f} s to its first step (goal: 1 s)")
-    off = medians["notebook_accel warm=False"][0]
-    print(f"launch 1, warming on / off (off: as before warming existed): {ours[0] / off:.2f}x")
-    if "accelerate" in medians:
-        print(f"launch 1 with warm=False / accelerate: {off / medians['accelerate'][0]:.2f}x")
+    for ours in ("notebook_accel", "notebook_accel warm=False"):
+        for reference in ("accelerate", "raw fork"):
+            if reference in medians:
+                ratios = [o / r for o, r in zip(medians[ours], medians[reference], strict=True)]
+                print(
+                    f"\n{ours} / {reference}: "
+                    + ", ".join(f"launch {i + 1} {x:.2f}x" for i, x in enumerate(ratios))
+                )
+    if pattern == "trivial":
+        print("(goal: from call 2 on, at most 1.3x raw fork; warm=False at most 2x)")
+    else:
+        print("(goal: from launch 2 on, at most 0.2x accelerate; launch 1 no slower than before)")
+        whole = _medians(samples["notebook_accel"], "whole")
+        print("notebook_accel whole call per launch (s): " + ", ".join(f"{t:.3f}" for t in whole))
+    if args.device == "cuda" and pattern != "trivial":
+        best = max(medians["notebook_accel"][1:])
+        print(f"GPU worker from a warm kernel: {best:.3f} s to its first step (goal: 1 s)")
     warming = [run["warming"] for run in samples["notebook_accel"]]
-    per_launch = [statistics.median(w[i] for w in warming) for i in range(LAUNCHES)]
+    per_launch = [statistics.median(w[i] for w in warming) for i in range(launches)]
     print(
-        "kernel-side warming after each launch (s, background): "
+        "kernel-side warming in each launch (s, on the launching thread): "
         + ", ".join(f"{w:.2f}" for w in per_launch)
     )
 
