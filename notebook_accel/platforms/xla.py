@@ -150,7 +150,8 @@ class XlaPlatform(Platform):
             raise RuntimeError(
                 f"backend='xla' found {info.devices} TPU core(s) on this machine's PCI bus but "
                 f"not their device files ({device_file}): this process was not given the TPU"
-                f"{_how_to_get_the_tpu(info.platform)}."
+                f"{_how_to_get_the_tpu(info.platform)}. To train on CPU workers instead, "
+                "pass backend='cpu'."
             )
         if importlib.util.find_spec("torch_xla") is None:
             # Not a CPU run instead: a TPU is here, only the package is missing.

@@ -295,6 +295,7 @@ def test_a_tpu_the_session_was_not_given_is_refused_with_the_fix(torch_xla_insta
     message = str(refused.value)
     assert "on this machine's PCI bus but not their device files (/dev/vfio/N)" in message
     assert "'Always use latest environment'" in message
+    assert message.endswith("To train on CPU workers instead, pass backend='cpu'.")
 
 
 @pytest.mark.parametrize(
