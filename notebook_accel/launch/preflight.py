@@ -201,6 +201,7 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
         devices,
         platform.device_count(hardware),
         oversubscribe=values.get("oversubscribe", False),
+        summary=platform.devices_summary(hardware),
     )
     return platform, platform.worker_processes(num_processes, hardware)
 
@@ -359,6 +360,7 @@ def _check_devices_fit(
     devices: list[int] | None,
     available: int,
     oversubscribe: bool = False,
+    summary: str = "",
 ) -> None:
     noun = platform.device_noun
     if devices is not None and max(devices) >= available:
@@ -381,4 +383,7 @@ def _check_devices_fit(
             )
         warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=5)
         return
-    raise ValueError(f"{message}. Pass num_processes={available} or fewer.")
+    if summary:
+        message += f" ({summary})"
+    fewer = " or fewer" if available > 1 else " or leave it unset"
+    raise ValueError(f"{message}. Pass num_processes={available}{fewer}.")

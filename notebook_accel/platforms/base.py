@@ -96,6 +96,11 @@ class Platform:
     def check_available(self, hardware: Hardware) -> None:
         """Raise if this platform cannot run on this machine at all."""
 
+    def devices_summary(self, hardware: Hardware) -> str:
+        """What the machine has of this platform's devices, in words, for the message
+        that refuses more workers than devices ("" when the count says it all)."""
+        return ""
+
     def default_num_processes(self, hardware: Hardware) -> int:
         """Workers a launch starts when the caller does not say."""
         return self.device_count(hardware)

@@ -33,9 +33,13 @@ class XlaInfo:
     device_type: str  # "TPU", or "CPU" when PJRT_DEVICE=CPU
     processes: int
     devices_per_process: int = 1
-    accelerator_type: str = ""  # "v2-8", "v5litepod-8", ... when the host says
+    accelerator_type: str = ""  # "v2-8", "v5e-1", "v5litepod-8", ... when the host says
     platform: str = ""  # "colab", "kaggle", "tpu-vm" or "" (not a TPU)
     missing: str = ""  # what must be installed before it can run, if anything
+    chip: str = ""  # the chip's generation from its PCI id: "v2/v3", "v4", "v5e", "v6e", ...
+    # False when the chips are on the PCI bus but their device files are not here
+    # (a container that was not given the TPU).
+    reachable: bool = True
 
     @property
     def devices(self) -> int:

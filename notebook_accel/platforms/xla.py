@@ -46,7 +46,41 @@ from notebook_accel.kwargs import InitProcessGroupKwargs
 from notebook_accel.platforms.base import DistributedType, Platform
 from notebook_accel.platforms.hardware import Hardware, XlaInfo
 
-INSTALL_HINT = 'pip install "notebook-accel[xla]"'
+# torch_xla's last release: 2.9, for torch 2.9 (pytorch/xla#9752 asks whether it
+# is still maintained). Each release works with the torch of its own version only,
+# and its wheel does not say so (no torch requirement), so pip installs a
+# torch_xla that cannot load beside another torch.
+LAST_TORCH_XLA = (2, 9)
+
+
+def install_command(torch_version: str = torch.__version__) -> str:
+    """The pip command that brings the torch_xla (with libtpu) matching `torch_version`."""
+    release = _release(torch_version)
+    if release <= LAST_TORCH_XLA:
+        return f'pip install "torch_xla[tpu]=={release[0]}.{release[1]}.*"'
+    last = ".".join(map(str, LAST_TORCH_XLA))
+    return f'pip install "torch=={last}.*" "torch_xla[tpu]=={last}.*"'
+
+
+def missing_torch_xla(platform: str = "") -> str:
+    """Why torch_xla is needed and how to get it, for this kind of TPU host."""
+    fix = f"{install_command()}, then restart the kernel"
+    if _release(torch.__version__) > LAST_TORCH_XLA:
+        version = torch.__version__.split("+")[0]
+        fix += f" (torch_xla has no release for torch {version}; its last one needs torch 2.9)"
+    if platform == "kaggle":
+        # A notebook pinned to an older environment, or to the CPU/GPU image,
+        # runs without torch_xla even on a TPU (Kaggle/kaggle-cli#1197).
+        fix = (
+            "in the notebook's settings choose 'Always use latest environment' instead of "
+            f"a pinned one (the TPU image comes with torch_xla), or {fix}"
+        )
+    if importlib.util.find_spec("torch_tpu") is not None:
+        fix += (
+            ". torch_tpu, PyTorch's own TPU backend, is installed here; notebook_accel "
+            "drives TPUs through torch_xla only (see the README's TPU section)"
+        )
+    return f"the XLA backend (TPUs) needs torch_xla, which is not installed: {fix}"
 
 
 def import_torch_xla() -> Any:
@@ -54,11 +88,8 @@ def import_torch_xla() -> Any:
     try:
         import torch_xla
     except ImportError as error:
-        raise ImportError(
-            f"The XLA backend (TPUs) needs torch_xla, which is not installed: {INSTALL_HINT} "
-            '(on a TPU VM also libtpu: pip install "torch_xla[tpu]"). Colab and Kaggle '
-            "TPU runtimes come with it."
-        ) from error
+        message = missing_torch_xla(_tpu_platform(os.environ))
+        raise ImportError(message[0].upper() + message[1:] + ".") from error
     return torch_xla
 
 
@@ -111,17 +142,35 @@ class XlaPlatform(Platform):
         return hardware.tpu_cores  # torch_xla runs every core of the host
 
     def check_available(self, hardware: Hardware) -> None:
-        if hardware.xla is None:
+        info = hardware.xla
+        if info is None:
             raise RuntimeError(f"backend='xla' cannot run here: {_why_no_xla(os.environ)}.")
-        if importlib.util.find_spec("torch_xla") is None:
-            raise ImportError(
-                f"backend='xla' needs torch_xla, which is not installed: {INSTALL_HINT}."
-            )
-        if hardware.xla.missing:
+        if not info.reachable:
+            device_file = "/dev/accelN" if info.chip in _ACCEL_CHIPS else "/dev/vfio/N"
             raise RuntimeError(
-                f"backend='xla' found {hardware.xla.devices} TPU core(s) but not "
-                f"{hardware.xla.missing}."
+                f"backend='xla' found {info.devices} TPU core(s) on this machine's PCI bus but "
+                f"not their device files ({device_file}): this process was not given the TPU"
+                f"{_how_to_get_the_tpu(info.platform)}. To train on CPU workers instead, "
+                "pass backend='cpu'."
             )
+        if importlib.util.find_spec("torch_xla") is None:
+            # Not a CPU run instead: a TPU is here, only the package is missing.
+            found = describe_tpu(info)
+            raise ImportError(
+                f"{found[0].upper()}{found[1:]}, but {missing_torch_xla(info.platform)}."
+            )
+        if info.missing:
+            raise RuntimeError(
+                f"backend='xla' found {info.devices} TPU core(s) but not {info.missing}."
+            )
+
+    def devices_summary(self, hardware: Hardware) -> str:
+        info = hardware.xla
+        if info is None or info.device_type != "TPU":
+            return ""
+        if info.devices == 1:
+            return f"{describe_tpu(info)}, so a launch trains in one worker process"
+        return describe_tpu(info)
 
     def worker_processes(self, num_processes: int, hardware: Hardware) -> int:
         info = hardware.xla
@@ -141,8 +190,8 @@ class XlaPlatform(Platform):
             # xmp.spawn accepts nprocs=1 or all devices and nothing between.
             raise ValueError(
                 f"num_processes={num_processes}: torch_xla runs either one TPU core or all "
-                f"{info.devices} of this host (one process per chip). Pass "
-                f"num_processes={info.devices} or 1."
+                f"{info.devices} of this host (one process per chip; {describe_tpu(info)}). "
+                f"Pass num_processes={info.devices} or 1."
             )
         return info.processes
 
@@ -280,13 +329,31 @@ def _why_no_xla(environ: Mapping[str, str]) -> str:
         return (
             "this Colab runtime is a TPU Node (COLAB_TPU_ADDR), which PJRT cannot "
             "use; choose a TPU runtime of the TPU VM kind (Runtime > Change runtime "
-            "type: v2-8, v5e-1 or v6e-1)"
+            "type: v5e-1 or v6e-1)"
         )
+    platform = _tpu_platform(environ)
+    if platform:
+        where = "this Colab runtime" if platform == "colab" else "this Kaggle session"
+        return f"{where} has no TPU{_how_to_get_the_tpu(platform)}"
     return (
         "no TPU chips were found (PCI ids, /dev/accel*, /dev/vfio) and "
         "PJRT_DEVICE is not CPU; to try the XLA backend on this CPU, set "
         "PJRT_DEVICE=CPU before launching"
     )
+
+
+def _how_to_get_the_tpu(platform: str) -> str:
+    if platform == "colab":
+        return ": choose Runtime > Change runtime type > TPU (v5e-1 or v6e-1)"
+    if platform == "kaggle":
+        # kaggle-cli#1197: a pinned CPU/GPU image overrides the TPU VM, which
+        # then runs with neither the TPU's device files nor torch_xla.
+        return (
+            ": choose the TPU VM v5e-8 accelerator in the notebook's settings and "
+            "'Always use latest environment' there; a notebook pinned to a CPU or GPU "
+            "environment runs without the TPU even when a TPU is chosen"
+        )
+    return ""
 
 
 class XlaCollectives(ops.Collectives):
@@ -357,19 +424,23 @@ class XlaDataLoaderShard(DataLoaderShard):
         return super()._to_device(batch)
 
 
-# -- counting TPU cores without starting the runtime -----------------------------
+# -- counting TPU chips without starting the runtime -----------------------------
 
-# PCI ids of TPU chips (vendor Google), as torch_xla/_internal/tpu.py lists
-# them, with the TPU generation each one is.
+# TPU chips on the PCI bus (vendor Google) by device id, with their generation,
+# as torch_xla (torch_xla/_internal/tpu.py), torch_tpu (_internal/utils/hardware.py)
+# and Google's tpu-info (tpu_info/device.py) list them.
 _GOOGLE_PCI_VENDOR = "0x1ae0"
-_TPU_PCI_GENERATIONS = {
-    "0x0027": 3,  # v2 and v3: two cores per chip
-    "0x005e": 4,
-    "0x0063": 5,  # v5e
-    "0x0062": 5,  # v5p
-    "0x006f": 6,  # v6e
-    "0x0076": 7,
+_TPU_PCI_CHIPS = {
+    "0x0027": "v2/v3",  # two cores per chip
+    "0x005e": "v4",
+    "0x0063": "v5e",
+    "0x0062": "v5p",
+    "0x006f": "v6e",
+    "0x0076": "7x",
 }
+# A process opens a v2, v3 or v4 chip through /dev/accelN, a later one through
+# its VFIO group, /dev/vfio/N (tpu-info's chip_path).
+_ACCEL_CHIPS = ("v2/v3", "v4")
 
 
 def detect_xla(
@@ -382,6 +453,15 @@ def detect_xla(
     `environ` and `root` (where /sys and /dev are looked up) are parameters so
     that other machines can be described in tests. `module_available(name)`
     says whether a module could be imported, without importing it.
+
+    What the TPU runtimes set, for reference: Colab's v5e-1 and v6e-1 set
+    TPU_ACCELERATOR_TYPE (v5e-1, v6e-1), COLAB_TPU_1VM=1, TPU_SKIP_MDS_QUERY=1
+    and TPU_HOST_BOUNDS; Kaggle's v5e-8 image sets ISTPUVM=1 and
+    TPU_PROCESS_ADDRESSES=local (Kaggle/docker-python, tpu/Dockerfile), and the
+    session TPU_ACCELERATOR_TYPE=v5litepod-8 ("v5litepod" is the Cloud TPU API's
+    name for v5e); a TPU VM keeps them in its metadata server, which this never
+    asks. The chips are counted from the PCI bus and the device files, so a
+    variable only names the kind.
     """
     available = module_available or _module_available
     device_type = environ.get("PJRT_DEVICE", "").upper().split("_")[0]
@@ -393,33 +473,37 @@ def detect_xla(
 
     platform = _tpu_platform(environ)
     accelerator_type = environ.get("TPU_ACCELERATOR_TYPE") or environ.get("ACCELERATOR_TYPE", "")
-    generations = _pci_tpu_generations(root)
-    chips = len(generations)
-    if not chips:
-        chips = _count(root, "dev/accel[0-9]*")
-    if not chips and (accelerator_type or platform in ("colab", "kaggle") or device_type):
-        # TPU v5e and later appear as VFIO devices; other passthrough devices can
-        # too, so these count only on a host that says it has TPUs.
-        chips = _count(root, "dev/vfio/[0-9]*")
-    if not chips:
+    on_bus = _pci_tpu_chips(root)
+    chips = [chip for chip, folder in on_bus if _openable(root, chip, folder)]
+    unopened = len(on_bus) - len(chips)
+    count = len(chips)
+    if not on_bus:
+        count = _count(root, "dev/accel[0-9]*")
+        says_tpu = accelerator_type or platform or device_type or environ.get("ISTPUVM")
+        if not count and says_tpu:
+            # Other passthrough devices are VFIO groups too, so these count only
+            # on a host that says it has TPUs.
+            count = _count(root, "dev/vfio/[0-9]*")
+    if not count and not unopened:
         return None
 
-    generation = _generation(accelerator_type) or (max(generations) if generations else 0)
+    chip = chips[0] if chips else (on_bus[0][0] if on_bus else "")
+    generation = _generation(accelerator_type) or _generation(chip)
     cores_per_chip = 2 if 0 < generation <= 3 else 1
-    processes = chips
+    processes = count or unopened
     bounds = environ.get("TPU_PROCESS_BOUNDS")
     if bounds:  # torch_xla starts no more processes than the bounds hold
         size = 1
         for part in bounds.split(","):
             size *= _positive_int(part) or 1
-        processes = min(chips, size)
+        processes = min(processes, size)
     missing = ""
     if not (
         available("libtpu")
         or environ.get("TPU_LIBRARY_PATH")
         or environ.get("PTXLA_TPU_LIBRARY_PATH")
     ):
-        missing = 'libtpu (pip install "torch_xla[tpu]")'
+        missing = f"libtpu ({install_command()})"
     return XlaInfo(
         "TPU",
         processes=processes,
@@ -427,7 +511,27 @@ def detect_xla(
         accelerator_type=accelerator_type,
         platform=platform or "tpu-vm",
         missing=missing,
+        chip=chip,
+        reachable=bool(count),
     )
+
+
+def describe_tpu(info: XlaInfo) -> str:
+    """What this TPU host is, in words: "this Colab runtime is a TPU v5e-1 (1 chip, 1 core)"."""
+    where = {
+        "colab": "this Colab runtime",
+        "kaggle": "this Kaggle session",
+        "tpu-vm": "this TPU VM",
+    }.get(info.platform, "this machine")
+    chips = f"{info.processes} chip" + ("s" if info.processes != 1 else "")
+    cores = f"{info.devices_per_process} core" + ("s" if info.devices_per_process != 1 else "")
+    shape = f"{chips}, {cores}" + (" each" if info.processes != 1 else "")
+    kind = info.accelerator_type.replace("v5litepod", "v5e")
+    if kind:
+        return f"{where} is a TPU {kind} ({shape})"
+    if info.chip:
+        return f"{where} has TPU {info.chip} chips ({shape})"
+    return f"{where} has TPUs ({shape})"
 
 
 def _tpu_platform(environ: Mapping[str, str]) -> str:
@@ -443,23 +547,49 @@ def colab_tpu_node(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("COLAB_TPU_ADDR"))
 
 
-def _pci_tpu_generations(root: str) -> list[int]:
+def _pci_tpu_chips(root: str) -> list[tuple[str, str]]:
+    """(chip generation, sysfs folder) of every TPU chip on the PCI bus."""
     found = []
-    for vendor in glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor")):
+    for vendor in sorted(glob.glob(os.path.join(root, "sys/bus/pci/devices/*/vendor"))):
+        folder = os.path.dirname(vendor)
         try:
             if _read(vendor) != _GOOGLE_PCI_VENDOR:
                 continue
-            device = _read(os.path.join(os.path.dirname(vendor), "device"))
+            chip = _TPU_PCI_CHIPS.get(_read(os.path.join(folder, "device")))
         except OSError:
             continue
-        if device in _TPU_PCI_GENERATIONS:
-            found.append(_TPU_PCI_GENERATIONS[device])
+        if chip:
+            found.append((chip, folder))
     return found
 
 
-def _generation(accelerator_type: str) -> int:
-    match = re.match(r"^(?:v|tpu)(\d)", accelerator_type)
+def _openable(root: str, chip: str, folder: str) -> bool:
+    """Whether this process has the device file it would open the chip through.
+
+    /sys lists every chip of the host, also in a container that was given
+    some or none of them; only the chips it was given have their device file.
+    A VFIO chip is the one whose IOMMU group is under /dev/vfio (torch_tpu
+    counts chips so, in _internal/utils/hardware.py).
+    """
+    if chip in _ACCEL_CHIPS:
+        return bool(_count(root, "dev/accel[0-9]*"))
+    try:
+        group = os.path.basename(os.readlink(os.path.join(folder, "iommu_group")))
+    except OSError:  # no IOMMU group recorded: any VFIO group will do
+        return bool(_count(root, "dev/vfio/[0-9]*"))
+    return os.path.exists(os.path.join(root, "dev/vfio", group))
+
+
+def _generation(name: str) -> int:
+    """3 for "v3-8" or "v2/v3", 5 for "v5e-1" or "v5litepod-8", 7 for "7x" or "tpu7x"."""
+    match = re.match(r"^(?:v|tpu)?(\d)", name)
     return int(match.group(1)) if match else 0
+
+
+def _release(version: str) -> tuple[int, int]:
+    """(2, 8) for "2.8.0+cpu"."""
+    major, minor, *_ = [_positive_int(part) for part in version.split("+")[0].split(".")] + [0, 0]
+    return major, minor
 
 
 def _read(path: str) -> str:

@@ -54,6 +54,14 @@ EXPECTED_WITHOUT_GPUS = {
         "answers in order: True",
         "in the kernel: 1 process, ['PROMPT 0', 'PROMPT 1']",
     ],
+    "05_colab_tpu.ipynb": [
+        "No TPU found: falling back to 2 CPU worker processes",
+        "XLA runtime initialised in this kernel: False",
+        "epoch 5: loss",
+        "trained on 2 device(s) (cpu): accuracy",
+        "on 2048 samples",
+        "finished on cpu: 20 steps logged; loss",
+    ],
     "09_live_workers.ipynb": [
         "2 live workers on cpu: ranks [0, 1]",
         "'rank 0 of 2 ready on cpu'",

@@ -25,6 +25,17 @@ def test_kernel_half_runs_one_process_per_chip():
     assert not tpu.single_worker_in_process and not tpu.supports_multinode
 
 
+def test_the_refusal_of_too_many_workers_says_what_the_host_is():
+    tpu = XlaPlatform()
+    colab = Hardware(tpu_cores=1, xla=XlaInfo("TPU", 1, 1, "v5e-1", "colab", chip="v5e"))
+    assert tpu.devices_summary(colab) == (
+        "this Colab runtime is a TPU v5e-1 (1 chip, 1 core), so a launch trains in one "
+        "worker process"
+    )
+    assert tpu.devices_summary(V3_8) == "this Kaggle session is a TPU v3-8 (4 chips, 2 cores each)"
+    assert tpu.devices_summary(XLA_CPU) == ""  # XLA's CPU device: the count says it all
+
+
 def test_fp16_is_refused_and_bf16_runs():
     tpu = XlaPlatform()
     assert tpu.precision_problem("bf16", V3_8) is None
