@@ -349,8 +349,13 @@ def infer_auto_device_map(
         fallback=fallback_allocation,
         verbose=verbose,
         offload_buffers=offload_buffers,
-        buffer_sizes=compute_module_sizes(
-            model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True
+        buffer_sizes=(
+            # only read for the warning about buffers kept on a GPU
+            compute_module_sizes(
+                model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True
+            )
+            if not offload_buffers and any(d not in ("cpu", "disk") for d in budget)
+            else {}
         ),
     )
     device_map = planner.run()
