@@ -59,6 +59,13 @@ _EXPORTS = {
     "load_offload_index": "notebook_accel.big_modeling.offload",
     "save_offload_index": "notebook_accel.big_modeling.offload",
     "OffloadedWeightsLoader": "notebook_accel.big_modeling.offload",
+    "named_module_tensors": "notebook_accel.big_modeling.tensors",
+    "retie_parameters": "notebook_accel.big_modeling.tensors",
+    "align_module_device": "notebook_accel.big_modeling.hooks",
+    "has_offloaded_params": "notebook_accel.big_modeling.hooks",
+    "load_state_dict": "notebook_accel.big_modeling.loading",
+    # Accelerate's accelerate.utils.other
+    "extract_model_from_parallel": "notebook_accel.big_modeling.unwrap",
 }
 
 __all__ = sorted(_EXPORTS)

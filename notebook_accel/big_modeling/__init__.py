@@ -8,13 +8,16 @@ Accelerate's `accelerate.big_modeling` names (and the device-map helpers of
 `import notebook_accel` does not load this subpackage; its first use does.
 
     meta.py        init_empty_weights, init_on_device
-    memory.py      sizes of dtypes, modules and layers; max_memory; get_balanced_memory
+    memory.py      sizes of dtypes, modules, buffers and layers; max_memory; get_balanced_memory
     device_map.py  infer_auto_device_map (the same map as Accelerate's), check_device_map
     offload.py     the offload folder: memory-mapped safetensors and their index
-    tensors.py     set_module_tensor_to_device, tied tensors
-    hooks.py       dispatch_model, cpu_offload, disk_offload (forward hooks)
+    tensors.py     set_module_tensor_to_device, named_module_tensors, tied tensors
+    hooks.py       hooks around a forward, removed with what they changed put back;
+                   align_module_device, get_state_dict_offloaded_model
+    dispatch.py    dispatch_model, cpu_offload, disk_offload, cpu_offload_with_hook
     loading.py     load_checkpoint_in_model, load_checkpoint_and_dispatch (tensor by tensor)
     pipeline.py    prepare_pippy: one pipeline stage per launched worker
+    unwrap.py      extract_model_from_parallel
 """
 
 from __future__ import annotations
@@ -22,23 +25,33 @@ from __future__ import annotations
 from notebook_accel.big_modeling.device_map import (
     check_device_map,
     clean_device_map,
+    get_module_size_with_ties,
     infer_auto_device_map,
+)
+from notebook_accel.big_modeling.dispatch import (
+    UserCpuOffloadHook,
+    cpu_offload,
+    cpu_offload_with_hook,
+    disk_offload,
+    dispatch_model,
 )
 from notebook_accel.big_modeling.hooks import (
     add_hook_to_module,
-    cpu_offload,
-    disk_offload,
-    dispatch_model,
+    align_module_device,
+    get_state_dict_offloaded_model,
+    has_offloaded_params,
     remove_hook_from_module,
     remove_hook_from_submodules,
 )
 from notebook_accel.big_modeling.loading import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
+    load_state_dict,
 )
 from notebook_accel.big_modeling.memory import (
     calculate_maximum_sizes,
     compute_module_sizes,
+    compute_module_total_buffer_size,
     convert_file_size_to_int,
     dtype_byte_size,
     find_tied_parameters,
@@ -55,35 +68,53 @@ from notebook_accel.big_modeling.offload import (
     save_offload_index,
 )
 from notebook_accel.big_modeling.pipeline import prepare_pippy
-from notebook_accel.big_modeling.tensors import set_module_tensor_to_device
+from notebook_accel.big_modeling.tensors import (
+    get_non_persistent_buffers,
+    named_module_tensors,
+    retie_parameters,
+    set_module_tensor_to_device,
+)
+from notebook_accel.big_modeling.unwrap import extract_model_from_parallel
 
 __all__ = [
     "OffloadedWeightsLoader",
+    "UserCpuOffloadHook",
     "add_hook_to_module",
+    "align_module_device",
     "calculate_maximum_sizes",
     "check_device_map",
     "clean_device_map",
     "compute_module_sizes",
+    "compute_module_total_buffer_size",
     "convert_file_size_to_int",
     "cpu_offload",
+    "cpu_offload_with_hook",
     "disk_offload",
     "dispatch_model",
     "dtype_byte_size",
+    "extract_model_from_parallel",
     "find_tied_parameters",
     "get_balanced_memory",
     "get_max_layer_size",
     "get_max_memory",
+    "get_module_size_with_ties",
+    "get_non_persistent_buffers",
+    "get_state_dict_offloaded_model",
+    "has_offloaded_params",
     "infer_auto_device_map",
     "init_empty_weights",
     "init_on_device",
     "load_checkpoint_and_dispatch",
     "load_checkpoint_in_model",
     "load_offload_index",
+    "load_state_dict",
+    "named_module_tensors",
     "offload_state_dict",
     "offload_weight",
     "prepare_pippy",
     "remove_hook_from_module",
     "remove_hook_from_submodules",
+    "retie_parameters",
     "save_offload_index",
     "set_module_tensor_to_device",
 ]

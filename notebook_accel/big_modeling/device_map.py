@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import difflib
 import logging
+import warnings
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -62,6 +63,8 @@ class _Planner:
     ties: list[list[str]]
     fallback: bool
     verbose: bool = False
+    offload_buffers: bool = False
+    buffer_sizes: Mapping[str, float] = field(default_factory=dict)
     devices: list[Device] = field(init=False)
     reserving: list[Device] = field(init=False)
     queue: list[Item] = field(init=False)
@@ -70,6 +73,11 @@ class _Planner:
     largest_names: list[str] = field(init=False)
     device_map: OrderedDict = field(default_factory=OrderedDict)
     index: int = 0
+    # bytes of buffers of the modules placed on each device (they stay in memory when
+    # their module is offloaded, unless offload_buffers)
+    placed_buffers: dict[Device, float] = field(default_factory=dict)
+    # what a device that was left empty would have needed for the module it could not take
+    needed: dict[Device, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.devices = list(self.budget) + ([] if "disk" in self.budget else ["disk"])
@@ -97,15 +105,8 @@ class _Planner:
 
     def _with_ties(self, tied: list[str], size: float) -> tuple[float, list[Item]]:
         """`size` plus the queued modules holding the `tied` tensors, and those modules."""
-        holders: list[Item] = []
-        total = size
-        for tensor in tied:
-            holder = next(((n, m) for n, m in self.queue if tensor.startswith(n + ".")), None)
-            if holder is None:  # already placed with an earlier module
-                continue
-            holders.append(holder)
-            total += self.sizes[holder[0]] - self.sizes[tensor]
-        return total, holders
+        total, names, modules = get_module_size_with_ties(tied, size, self.sizes, self.queue)
+        return total, list(zip(names, modules, strict=True))
 
     def _limit(self, device: Device) -> tuple[float | None, float]:
         """What `device` may still take in all, and what it keeps for an offloaded layer."""
@@ -115,12 +116,16 @@ class _Planner:
             return self.budget[device] - self.largest, self.largest
         return self.budget[device], 0
 
-    def _place(self, name: str, device: Device, size: float, holders: list[Item]) -> None:
+    def _place(self, item: Item, device: Device, size: float, holders: list[Item]) -> None:
+        name, module = item
         if self.verbose:
             tied = f" with {[h for h, _ in holders]}" if holders else ""
             print(f"{name}{tied} ({format_bytes(size)}) -> {device}")
         self.used[device] += size
         self.device_map[name] = device
+        if isinstance(module, nn.Module) and not self.offload_buffers:
+            buffers = self.buffer_sizes.get(name, 0)
+            self.placed_buffers[device] = self.placed_buffers.get(device, 0) + buffers
         for holder, _ in holders:
             self.queue = [(n, m) for n, m in self.queue if n != holder]
             self.device_map[holder] = device
@@ -143,7 +148,31 @@ class _Planner:
     def run(self) -> OrderedDict:
         while self.queue:
             self._step(self.queue.pop(0))
+        self._warn_if_buffers_fit_no_gpu()
+        if self.needed:
+            needs = ", ".join(f"{d}: {format_bytes(n)}" for d, n in self.needed.items())
+            logger.info(
+                "no module could be placed on some devices (insufficient memory); the first "
+                "module each was offered needed at least %s",
+                needs,
+            )
         return self.device_map
+
+    def _warn_if_buffers_fit_no_gpu(self) -> None:
+        """Buffers of offloaded modules live on a GPU; say so if they fit on none."""
+        offloaded = self.placed_buffers.get("cpu", 0) + self.placed_buffers.get("disk", 0)
+        gpus = [d for d in self.devices if d not in ("cpu", "disk")]
+        if self.offload_buffers or offloaded <= 0 or not gpus:
+            return
+        if any(self.budget[gpu] >= offloaded + self.used[gpu] for gpu in gpus):
+            return
+        warnings.warn(
+            f"the buffers of the modules offloaded to the CPU or disk ({format_bytes(offloaded)}) "
+            "are kept on the GPU that runs them, and fit in what is left on none; if it runs "
+            "out of memory, pass offload_buffers=True (they are then loaded with their module)",
+            UserWarning,
+            stacklevel=3,
+        )
 
     def _step(self, item: Item) -> None:  # noqa: C901  (one decision, read top to bottom)
         name, module = item
@@ -159,7 +188,7 @@ class _Planner:
         size_with_ties, holders = self._with_ties(tied, size)
 
         if limit is None or self.used[device] + size_with_ties <= limit:
-            self._place(name, device, size_with_ties, holders)
+            self._place(item, device, size_with_ties, holders)
             return
         # The module fits but not with what it is tied to: split one of those.
         if tied and self.used[device] + size <= limit and self._split_a_holder(item, holders):
@@ -175,11 +204,7 @@ class _Planner:
         ):
             return
         if self.used[device] == 0:
-            logger.info(
-                "nothing could be placed on %s: it needs at least %s",
-                device,
-                format_bytes(size_with_ties + reserved),
-            )
+            self.needed[device] = size_with_ties + reserved
         # Next device; the one left keeps the room it reserved.
         self.used[device] += reserved
         self.index += 1
@@ -194,6 +219,31 @@ class _Planner:
         fitting, rest = found
         self.queue = [fitting, item, *rest]
         return True
+
+
+def get_module_size_with_ties(
+    tied_params: list[str],
+    module_size: float,
+    module_sizes: Mapping[str, float],
+    modules_to_treat: list[Item],
+) -> tuple[float, list[str], list[nn.Module | torch.Tensor]]:
+    """A module's size with the modules holding the tensors tied to it (`tied_params`, the
+    tied tensors outside it), found among `modules_to_treat`: (size, their names, them).
+
+    A holder counts in full, less the tied tensor already counted in `module_size`. A tied
+    tensor no queued module holds (placed already) adds nothing.
+    """
+    total = module_size
+    names: list[str] = []
+    modules: list[nn.Module | torch.Tensor] = []
+    for tensor in tied_params:
+        holder = next(((n, m) for n, m in modules_to_treat if tensor.startswith(n + ".")), None)
+        if holder is None:
+            continue
+        names.append(holder[0])
+        modules.append(holder[1])
+        total += module_sizes[holder[0]] - module_sizes[tensor]
+    return total, names, modules
 
 
 def _first_that_fits(
@@ -213,11 +263,8 @@ def _first_that_fits(
         name, module = search.pop(0)
         groups = [g for g in ties if any(_inside(name, t) for t in g)]
         groups = [g for g in groups if not all(_inside(name, t) for t in g)]
-        size = sizes[name]
-        for tensor in (t for g in groups for t in g if not _inside(name, t)):
-            holder = next((n for n, _ in search if tensor.startswith(n + ".")), None)
-            if holder is not None:
-                size += sizes[holder] - sizes[tensor]
+        tied = [t for g in groups for t in g if not _inside(name, t)]
+        size, _, _ = get_module_size_with_ties(tied, sizes[name], sizes, search)
         if size <= limit:
             chosen = (name, module)
             break
@@ -262,6 +309,7 @@ def infer_auto_device_map(
     clean_result: bool = True,
     offload_buffers: bool = False,
     fallback_allocation: bool = False,
+    strict: bool = False,
 ) -> OrderedDict:
     """A device map for `model` (module name -> GPU index, "cpu" or "disk") within `max_memory`.
 
@@ -274,18 +322,23 @@ def infer_auto_device_map(
         special_dtypes: per-tensor dtypes that override `dtype`.
         verbose: print each placement.
         clean_result: merge children that share a device into their parent's entry.
-        offload_buffers: accepted for compatibility; buffers are sized with their module.
+        offload_buffers: whether the buffers of offloaded modules will be offloaded with
+            them; if not (the default), they stay on the GPU that runs them, and a warning
+            says when they fit on no GPU.
         fallback_allocation: when a device would stay empty, fill it with the first
             module (breadth first) that fits.
+        strict: refuse a `max_memory` in which no device holds the largest layer (by
+            default, as Accelerate does, what fits nowhere goes to "disk", and the device
+            left empty is logged).
 
     Raises:
-        ValueError: a device name that is not a GPU index, "mps", "cpu" or "disk", or a
-            `max_memory` where no device can hold the largest layer.
+        ValueError: a device name that is not a GPU index, "mps", "cpu" or "disk"; with
+            `strict`, a `max_memory` where no device can hold the largest layer.
     """
     no_split = _as_list(no_split_module_classes)
     budget = get_max_memory(dict(max_memory) if max_memory is not None else None)
     sizes = compute_module_sizes(model, dtype=dtype, special_dtypes=special_dtypes)
-    if max_memory is not None:
+    if strict:
         _check_largest_layer_fits(model, budget, sizes, no_split)
     planner = _Planner(
         model=model,
@@ -295,6 +348,15 @@ def infer_auto_device_map(
         ties=find_tied_parameters(model),
         fallback=fallback_allocation,
         verbose=verbose,
+        offload_buffers=offload_buffers,
+        buffer_sizes=(
+            # only read for the warning about buffers kept on a GPU
+            compute_module_sizes(
+                model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True
+            )
+            if not offload_buffers and any(d not in ("cpu", "disk") for d in budget)
+            else {}
+        ),
     )
     device_map = planner.run()
     return clean_device_map(device_map) if clean_result else device_map
@@ -328,19 +390,42 @@ def clean_device_map(device_map: dict[str, Device], module_name: str = "") -> di
     return device_map
 
 
-def check_device_map(model: nn.Module, device_map: Mapping[str, Device]) -> None:
-    """Refuse a map with a key that names nothing in `model`, or that leaves a parameter or
-    buffer of `model` without a device."""
+def state_dict_names(model: nn.Module) -> list[str]:
+    """The names `model.state_dict()` has, in its order: every name of each parameter (tied
+    ones too), and the persistent buffers. One walk over the modules, no tensor touched."""
+    names = []
+    for prefix, module in model.named_modules(remove_duplicate=False):
+        dot = f"{prefix}." if prefix else ""
+        names += [dot + name for name, p in module._parameters.items() if p is not None]
+        names += [
+            dot + name
+            for name, buffer in module._buffers.items()
+            if buffer is not None and name not in module._non_persistent_buffers_set
+        ]
+    return names
+
+
+def check_device_map(
+    model: nn.Module, device_map: Mapping[str, Device], strict: bool = False
+) -> None:
+    """Refuse a map that leaves a tensor of `model`'s state dict without a device, and warn
+    about keys that name nothing in `model` (`strict=True`: refuse those too)."""
     modules = {name for name, _ in model.named_modules()}
-    tensors = [name for name, _ in model.named_parameters(remove_duplicate=False)]
-    tensors += [name for name, _ in model.named_buffers()]
-    for key in device_map:
-        if key not in modules and key not in tensors:
-            close = difflib.get_close_matches(key, [*modules, *tensors], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(
-                f"device_map key {key!r} matches no module or tensor of the model{hint}"
-            )
+    tensors = state_dict_names(model)
+    known = modules | set(tensors) | {name for name, _ in model.named_buffers()}
+    unknown = [key for key in device_map if key not in known]
+    if unknown:
+        hints = []
+        for key in unknown:
+            close = difflib.get_close_matches(key, sorted(known - {""}), n=1)
+            hints.append(f"{key!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+        message = (
+            f"these device_map keys do not match any submodules or tensors of the model: "
+            f"{', '.join(hints)}"
+        )
+        if strict:
+            raise ValueError(message)
+        warnings.warn(message + "; they are ignored", UserWarning, stacklevel=2)
     if "" in device_map:
         return
     for name in tensors:

@@ -23,8 +23,12 @@ import torch
 from safetensors import safe_open
 from torch import nn
 
-from notebook_accel.big_modeling.device_map import check_device_map, infer_auto_device_map
-from notebook_accel.big_modeling.hooks import _placement, check_device_value, dispatch_model
+from notebook_accel.big_modeling.device_map import (
+    check_device_map,
+    infer_auto_device_map,
+    state_dict_names,
+)
+from notebook_accel.big_modeling.dispatch import check_device_value, dispatch_model, placement
 from notebook_accel.big_modeling.memory import as_dtype, get_balanced_memory
 from notebook_accel.big_modeling.offload import offload_weight, reference_weight, save_offload_index
 from notebook_accel.big_modeling.tensors import set_module_tensor_to_device, tied_aliases
@@ -92,10 +96,18 @@ def checkpoint_shards(checkpoint: str | os.PathLike) -> list[Shard]:
 
 
 def _shards_of_index(index_path: Path) -> list[Shard]:
+    """The shards an index names: `{"weight_map": {tensor: file}, ...}` as transformers
+    writes it, or the `{tensor: file}` map alone."""
     try:
-        weight_map = json.loads(index_path.read_text())["weight_map"]
-    except (json.JSONDecodeError, KeyError) as error:
-        raise ValueError(f"{index_path} is not a checkpoint index (no 'weight_map')") from error
+        index = json.loads(index_path.read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{index_path} is not a checkpoint index: {error}") from error
+    weight_map = index.get("weight_map", index) if isinstance(index, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+        raise ValueError(
+            f"{index_path} is not a checkpoint index: expected {{'weight_map': {{tensor: file}}}} "
+            "or {tensor: file}"
+        )
     by_file: dict[str, list[str]] = {}
     for key, file in weight_map.items():
         by_file.setdefault(file, []).append(key)
@@ -110,6 +122,40 @@ def _shards_of_index(index_path: Path) -> list[Shard]:
             )
         shards.append(Shard(path, keys))
     return shards
+
+
+def load_state_dict(
+    checkpoint_file: str | os.PathLike, device_map: Mapping[str, Any] | None = None
+) -> dict[str, torch.Tensor]:
+    """The tensors of one checkpoint file, by name: on the CPU, or where `device_map`
+    (module or tensor name -> device) puts them ("disk", or no entry: the CPU).
+
+    A safetensors file is read tensor by tensor, each straight to its device; a pickled
+    one (`.bin`, `.pt`) is memory-mapped and loaded on the CPU.
+    """
+    path = Path(checkpoint_file)
+    if path.suffix != ".safetensors":
+        return _torch_load(path)
+    with safe_open(str(path), framework="pt") as file:
+        kind = (file.metadata() or {}).get("format", "pt")
+        keys = list(file.keys())
+    if kind != "pt":
+        raise ValueError(
+            f"{path} holds {kind!r} tensors (its metadata says format={kind!r}); save it from "
+            "PyTorch to load it here"
+        )
+    by_device: dict[str, list[str]] = {}
+    for key in keys:
+        where = placement(key, device_map) if device_map else None
+        device = "cpu" if where in (None, "disk") else where
+        device = f"cuda:{device}" if isinstance(device, int) else str(device)
+        by_device.setdefault(device, []).append(key)
+    tensors: dict[str, torch.Tensor] = {}
+    for device, names in by_device.items():
+        with safe_open(str(path), framework="pt", device=device) as file:
+            for key in names:
+                tensors[key] = file.get_tensor(key)
+    return {key: tensors[key] for key in keys}
 
 
 @dataclass
@@ -129,10 +175,12 @@ def _plan_targets(
     keep_in_fp32_modules: Iterable[str],
     strict: bool | None,
     offload_buffers: bool = False,
+    checkpoint: str | os.PathLike = "",
 ) -> dict[str, _Target]:
-    """checkpoint key -> target; refuses unknown keys (unless strict=False) and, with
-    strict=True, model tensors the checkpoint lacks."""
-    current = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    """checkpoint key -> target (keys of the model's state dict); skips, with a warning, the
+    other keys, and with strict=True refuses them and model tensors the checkpoint lacks."""
+    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    current = {name: tensors[name] for name in state_dict_names(model)}
     fp32 = list(keep_in_fp32_modules or ())
     buffers = {name for name, _ in model.named_buffers()}
     targets: dict[str, _Target] = {}
@@ -150,11 +198,11 @@ def _plan_targets(
                 key == m or key.startswith(m + ".") or f".{m}." in f".{key}" for m in fp32
             ):
                 wanted = torch.float32
-            where = _placement(key, device_map)
+            where = placement(key, device_map)
             if where == "disk" and key in buffers and not offload_buffers:
                 where = "cpu"  # buffers of offloaded modules live with the execution device
             targets[key] = _Target(key, where, wanted)
-    if unknown and strict is not False:
+    if unknown and strict:
         key, file = unknown[0]
         more = f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""
         raise ValueError(
@@ -162,7 +210,13 @@ def _plan_targets(
             "model: check that the checkpoint is this model's, or pass strict=False to skip it"
         )
     if unknown:
-        logger.warning("skipped %d checkpoint tensors the model lacks: %s", len(unknown), unknown)
+        logger.warning(
+            "checkpoint tensors %s in %s were not used when loading %s: it has no parameter or "
+            "persistent buffer of those names (strict=True refuses such a checkpoint)",
+            sorted(key for key, _ in unknown),
+            checkpoint,
+            type(model).__name__,
+        )
     aliases = tied_aliases(model)
     covered = {alias for key in targets for alias in aliases.get(key, [key])}
     parameters = dict(model.named_parameters(remove_duplicate=False))
@@ -251,7 +305,7 @@ def load_checkpoint_in_model(
     offload_buffers: bool = False,
     keep_in_fp32_modules: Iterable[str] | None = None,
     offload_8bit_bnb: bool = False,
-    strict: bool | None = None,
+    strict: bool = False,
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
 ) -> None:
@@ -263,25 +317,27 @@ def load_checkpoint_in_model(
         model: the model to fill.
         checkpoint: a .safetensors/.bin file, a sharded checkpoint's index .json, or a
             folder with one of those.
-        device_map: module or tensor name -> device (default: everything on the CPU).
+        device_map: module or tensor name -> device (default: each tensor where it is,
+            the CPU for those on the meta device).
         offload_folder: where "disk" tensors go; needed if the map has "disk".
         dtype: cast floating tensors to it (default: the model's dtype for each tensor).
         offload_state_dict: accepted for compatibility; loading is tensor by tensor anyway.
         offload_buffers: offload the buffers of "disk" modules too (default: they are
             loaded into memory, to go where the module runs).
         keep_in_fp32_modules: module names whose floating tensors stay in float32.
-        strict: True refuses a checkpoint that lacks a model tensor; False skips
-            checkpoint tensors the model lacks; None (default) refuses those, loads the rest.
+        strict: refuse a checkpoint with a tensor the model's state dict lacks, or that
+            lacks one of the model's parameters (default: as Accelerate does, skip the
+            first with a warning that names them; warn about the second).
 
     Raises:
         FileNotFoundError: the checkpoint, or a shard its index names, is missing.
-        ValueError: a checkpoint tensor that matches nothing, a shape that differs, a
-            device that does not exist, "disk" without an `offload_folder`.
+        ValueError: a shape that differs, a device that does not exist, "disk" without
+            an `offload_folder`; with `strict`, tensors that do not match.
     """
     del offload_state_dict, full_state_dict, broadcast_from_rank0
     if offload_8bit_bnb:
         raise NotImplementedError("8-bit bitsandbytes offload is not supported")
-    device_map = dict(device_map) if device_map is not None else {"": "cpu"}
+    device_map = dict(device_map) if device_map is not None else _where_tensors_are(model)
     check_device_map(model, device_map)
     for key, value in device_map.items():
         check_device_value(value, key)
@@ -299,9 +355,19 @@ def load_checkpoint_in_model(
         keep_in_fp32_modules or (),
         strict,
         offload_buffers,
+        checkpoint,
     )
     _check_shapes(model, shards, targets)
     _load(model, shards, targets, offload_folder)
+
+
+def _where_tensors_are(model: nn.Module) -> dict[str, Any]:
+    """A device map that leaves each tensor where it is (those on meta go to the CPU)."""
+    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    devices = {t.device for t in tensors.values() if t.device.type != "meta"}
+    if len(devices) <= 1:
+        return {"": devices.pop() if devices else torch.device("cpu")}
+    return {name: "cpu" if t.device.type == "meta" else t.device for name, t in tensors.items()}
 
 
 def _load(
@@ -377,7 +443,7 @@ def load_checkpoint_and_dispatch(
     skip_keys: str | Iterable[str] | None = None,
     preload_module_classes: Iterable[str] | None = None,
     force_hooks: bool = False,
-    strict: bool | None = None,
+    strict: bool = False,
     full_state_dict: bool = True,
     broadcast_from_rank0: bool = False,
 ) -> nn.Module:

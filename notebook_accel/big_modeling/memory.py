@@ -42,6 +42,8 @@ def convert_file_size_to_int(size: int | str) -> int:
                 value = int(float(number) * scale)
             except ValueError:
                 break
+            if value < 0:
+                raise ValueError(f"a memory size cannot be negative, got {size!r}")
             # "5Gb" (lower-case b, decimal units) means bits.
             return value // 8 if not unit.endswith("IB") and text.endswith("b") else value
     raise ValueError(
@@ -118,6 +120,18 @@ def compute_module_sizes(
         for depth in range(len(parts) + 1):
             sizes[".".join(parts[:depth])] += size
     return sizes
+
+
+def compute_module_total_buffer_size(
+    model: nn.Module,
+    dtype: str | torch.dtype | None = None,
+    special_dtypes: Mapping[str, str | torch.dtype] | None = None,
+) -> float:
+    """Bytes of all the buffers of `model` (sized as `compute_module_sizes` sizes them)."""
+    sizes = compute_module_sizes(
+        model, dtype=dtype, special_dtypes=special_dtypes, buffers_only=True
+    )
+    return sizes.get("", 0)
 
 
 def top_level_items(model: nn.Module) -> list[tuple[str, nn.Module | torch.Tensor]]:

@@ -7,6 +7,7 @@ import torch
 from big_models import TinyLM, save_sharded
 
 from notebook_accel.big_modeling import (
+    check_device_map,
     dispatch_model,
     infer_auto_device_map,
     init_empty_weights,
@@ -44,33 +45,43 @@ def test_a_missing_shard_is_named_before_anything_loads(checkpoint):
     assert _all_meta(model)
 
 
-def test_a_checkpoint_key_that_matches_nothing_is_named(tmp_path):
+def test_a_checkpoint_key_that_matches_nothing_is_named(tmp_path, caplog):
     torch.manual_seed(0)
     source = TinyLM()
     source.register_buffer("stale", torch.zeros(2))
     index = save_sharded(source, tmp_path / "ckpt")
     model = _empty()
     with pytest.raises(ValueError, match="'stale'.*matches no parameter"):
-        load_checkpoint_in_model(model, index)
+        load_checkpoint_in_model(model, index, strict=True)
     assert _all_meta(model)
-    load_checkpoint_in_model(model, index, strict=False)  # Accelerate's lenient mode
+    with caplog.at_level("WARNING"):
+        load_checkpoint_in_model(model, index)  # by default, as Accelerate: skipped, said
+    assert "['stale']" in caplog.text and "were not used when loading TinyLM" in caplog.text
     assert not _all_meta(model)
+    assert torch.equal(model.blocks[0].up.weight, source.blocks[0].up.weight)
 
 
 def test_a_device_map_key_that_matches_nothing_is_named(checkpoint):
     model = _empty()
-    with pytest.raises(ValueError, match="'blocks.9'.*matches no module"):
-        load_checkpoint_in_model(model, checkpoint, device_map={"": "cpu", "blocks.9": "cpu"})
-    assert _all_meta(model)
+    device_map = {"": "cpu", "blocks.9": "cpu", "blocks.0.upp": "cpu"}
+    with pytest.raises(
+        ValueError, match=r"'blocks.9'.*'blocks.0.upp' \(did you mean 'blocks.0.up'"
+    ):
+        check_device_map(model, device_map, strict=True)
+    with pytest.warns(UserWarning, match="'blocks.9'.*they are ignored"):
+        load_checkpoint_in_model(model, checkpoint, device_map=device_map)
+    assert not _all_meta(model)
 
 
-def test_max_memory_below_the_largest_layer_names_it():
+def test_max_memory_below_the_largest_layer_names_it(caplog):
     model = _empty()
     block = sum(p.numel() * 4 for p in model.blocks[0].parameters())
+    options = dict(max_memory={"cpu": block // 2}, no_split_module_classes=["Block"])
     with pytest.raises(ValueError, match=r"largest layer, 'blocks\.0'"):
-        infer_auto_device_map(
-            model, max_memory={"cpu": block // 2}, no_split_module_classes=["Block"]
-        )
+        infer_auto_device_map(model, strict=True, **options)
+    with caplog.at_level("INFO"):  # by default, as Accelerate: all on disk, and said
+        assert infer_auto_device_map(model, **options) == {"": "disk"}
+    assert "insufficient memory" in caplog.text and "cpu: " in caplog.text
 
 
 @pytest.mark.parametrize(

@@ -3,6 +3,7 @@ model in one piece."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
@@ -22,6 +23,7 @@ from notebook_accel.big_modeling import (
     load_checkpoint_and_dispatch,
     load_checkpoint_in_model,
     load_offload_index,
+    load_state_dict,
 )
 
 
@@ -182,3 +184,48 @@ def test_importing_the_package_does_not_load_big_modeling():
         "assert f.__module__ == 'notebook_accel.big_modeling.device_map'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_an_index_without_weight_map_loads_too(reference, ids, tmp_path):
+    index = save_sharded(reference, tmp_path / "ckpt")
+    flat = json.loads(index.read_text())["weight_map"]
+    index.write_text(json.dumps(flat))  # {tensor: file}, as older tools wrote it
+    model = _empty()
+    load_checkpoint_in_model(model, tmp_path / "ckpt")
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))
+
+
+def test_without_a_device_map_each_tensor_stays_where_it_is(reference, tmp_path):
+    torch.save(reference.state_dict(), tmp_path / "weights.bin")
+    model = TinyLM()
+    model.blocks[0] = model.blocks[0].to("meta")
+    load_checkpoint_in_model(model, tmp_path / "weights.bin")
+    for name, tensor in model.state_dict().items():
+        assert tensor.device.type == "cpu" and torch.equal(tensor, reference.state_dict()[name])
+
+
+def test_load_state_dict_reads_a_file_where_the_map_says(reference, tmp_path):
+    state = reference.state_dict()
+    state.pop("head.weight")
+    save_file({k: v.contiguous() for k, v in state.items()}, str(tmp_path / "m.safetensors"))
+    torch.save(state, tmp_path / "m.bin")
+    for path, device_map in [
+        (tmp_path / "m.safetensors", None),
+        (tmp_path / "m.safetensors", {"embed": "cpu", "blocks": "disk"}),  # "disk": the CPU
+        (tmp_path / "m.bin", None),
+    ]:
+        loaded = load_state_dict(str(path), device_map=device_map)
+        assert sorted(loaded) == sorted(state)
+        for name, value in state.items():
+            assert loaded[name].device.type == "cpu" and torch.equal(loaded[name], value), name
+
+
+def test_dispatching_all_to_disk_runs_on_the_cpu(reference, ids, tmp_path):
+    model = TinyLM().eval()
+    model.load_state_dict(reference.state_dict())
+    device_map = {"embed": "disk", "blocks": "disk", "head": "disk", "scale": "disk"}
+    dispatch_model(model, device_map, offload_dir=tmp_path)
+    assert all(p.device.type == "meta" for p in model.parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids), reference(ids))
