@@ -14,7 +14,8 @@ namespace, and return real objects (tensors moved to the CPU).
   and leaves the workers alive with their state; a second press, or a worker
   that does not stop within `STOP_GRACE_SECONDS`, ends the group and says so.
 - An exception in the called code raises WorkerError in the cell; the workers
-  stay up. A worker that dies ends the group with a WorkerError;
+  stay up. A value that cannot come back shows as its repr from the worker
+  (live/values.py); the group goes on. A worker that dies ends the group with a WorkerError;
   `workers.restart()` starts it again in one call. The kernel's restart or
   death ends the workers (as for launches: they die with it).
 """
@@ -38,6 +39,7 @@ from notebook_accel.launch.preflight import LaunchPlan, plan_launch
 from notebook_accel.launch.report import RunReport
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
 from notebook_accel.live.protocol import Call, write_call
+from notebook_accel.live.values import unpack
 
 # After a stop press (or a timeout), how long the workers get to end the call.
 STOP_GRACE_SECONDS = 5.0
@@ -321,9 +323,8 @@ class LiveWorkers:
                 ],
                 ending="the workers are still running, with their state.",
             )
-        if return_all:
-            return [answers[rank].value for rank in chosen]
-        return answers[chosen[0]].value
+        values = [unpack(answers[rank].value, rank) for rank in chosen]
+        return values if return_all else values[0]
 
     def interrupt(self) -> None:
         """Interrupt the running call, as the notebook's stop button does (from any

@@ -4,7 +4,8 @@ A frame is a pickled `Call` behind an 8-byte length. The function, its
 arguments or a cell's source travel inside it by value (cloudpickle, as for
 workers in fresh interpreters: a function defined after the workers started
 exists only in the kernel). What comes back goes down the worker's event
-channel as a `CallFinished` (launch/events.py).
+channel as a `CallFinished` (launch/events.py), its value packed by
+live/values.py.
 """
 
 from __future__ import annotations

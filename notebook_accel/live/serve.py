@@ -31,6 +31,7 @@ from typing import Any
 from notebook_accel import interrupts
 from notebook_accel.launch.events import CallFinished
 from notebook_accel.live.protocol import Call, read_call
+from notebook_accel.live.values import pack
 from notebook_accel.nested import to_cpu
 
 # A stop press asks the code to stop at its next check_trigger(); code that has
@@ -61,7 +62,7 @@ def _answer(call: Call, namespace: dict[str, Any], rank: int) -> CallFinished:
         with _interruptible():
             value = _execute(call, namespace)
         wanted = call.return_all or rank == call.ranks[0]
-        finished = CallFinished(rank, call.call_id, value=to_cpu(value) if wanted else None)
+        finished = CallFinished(rank, call.call_id, value=pack(to_cpu(value)) if wanted else None)
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
         return CallFinished(
             rank,
