@@ -15,9 +15,11 @@ namespace, and return real objects (tensors moved to the CPU).
   that does not stop within `STOP_GRACE_SECONDS`, ends the group and says so.
 - An exception in the called code raises WorkerError in the cell; the workers
   stay up. A value that cannot come back shows as its repr from the worker
-  (live/values.py); the group goes on. A worker that dies ends the group with a WorkerError;
-  `workers.restart()` starts it again in one call. The kernel's restart or
-  death ends the workers (as for launches: they die with it).
+  (live/values.py); the group goes on.
+- A worker that dies, during a call or between calls, ends the group with a
+  WorkerError that names it; `workers.restart()` starts a new group in one
+  call. The kernel's restart or death ends the workers (as for launches: they
+  die with it).
 """
 
 from __future__ import annotations
@@ -43,12 +45,17 @@ from notebook_accel.live.values import unpack
 
 # After a stop press (or a timeout), how long the workers get to end the call.
 STOP_GRACE_SECONDS = 5.0
+# How long to wait for a worker's exit to be seen once its call pipe broke.
+EXIT_NOTICE_SECONDS = 3.0
 # How long the workers get to start and join their process group.
 START_SECONDS = 120.0
 # How long a worker may take to read its next call before it counts as stuck.
 SEND_SECONDS = 30.0
 # How long the workers get to exit when the group is closed.
 CLOSE_SECONDS = 5.0
+
+
+RESTART = "workers.restart() starts a new group (the workers' state is gone)."
 
 
 class GroupEnded(RuntimeError):
@@ -255,6 +262,7 @@ class LiveWorkers:
             # A stop press (or interrupt() from another thread, the panel's Stop)
             # from here on interrupts the call on the workers.
             with self._stoppable() as stop:
+                self._notice_deaths(group)
                 self._send(group, call)
                 try:
                     self._serve_until(lambda: self._answered(call_id, chosen), timeout, stop)
@@ -266,16 +274,26 @@ class LiveWorkers:
         answers = self._finished.pop(call_id)
         return self._outcome(answers, chosen, return_all)
 
+    def _notice_deaths(self, group: WorkerGroup) -> None:
+        """Before a call: a worker that died since the last one ends the group, named."""
+        group.poll()
+        if any(worker.exitcode is not None or worker.error for worker in group.workers):
+            with contextlib.suppress(TimeoutError):
+                self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError
+
     def _send(self, group: WorkerGroup, call: Call) -> None:
         deadline = time.monotonic() + SEND_SECONDS
         try:
             for rank in call.ranks:
                 write_call(group.command_fd(rank), call, deadline)
         except (OSError, TimeoutError) as error:
+            # Most often a worker that died since the last call (its pipe is closed):
+            # wait for its exit, to name it.
+            with contextlib.suppress(TimeoutError):
+                self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError
             self._end(f"a worker stopped reading calls ({error})")
             raise GroupEnded(
-                f"a worker did not take the call ({error}); the group was ended. "
-                "workers.restart() starts it again."
+                f"a worker did not take the call ({error}); the group was ended. {RESTART}"
             ) from None
 
     def _interrupt(
@@ -385,7 +403,7 @@ class LiveWorkers:
             group.serve_until(done, deadline, stop)
         except WorkerError as failure:
             self._end(f"{failure.failures[0].describe()}")
-            raise WorkerError(failure.failures, ending="the group was ended.") from None
+            raise WorkerError(failure.failures, ending=f"the group was ended. {RESTART}") from None
 
     def _emit(self, event: RunEvent) -> None:
         if isinstance(event, CallFinished):

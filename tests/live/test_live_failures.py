@@ -1,12 +1,17 @@
 """What notebook users do to live workers that used to end the group or hide the cause:
-a value that cannot come back. 2 CPU workers each time."""
+a value that cannot come back, a worker that dies between calls. 2 CPU workers each time."""
 
 from __future__ import annotations
+
+import os
+import signal
+import time
 
 import pytest
 import torch
 
 import notebook_accel.live as live
+from notebook_accel import WorkerError
 from notebook_accel.live import start_workers
 
 
@@ -88,3 +93,51 @@ def test_values_that_cannot_come_back_show_their_repr_and_keep_the_group(workers
         2,
         {"w": torch.Size([1])},
     ]
+
+
+# -- a dead worker is named ---------------------------------------------------------
+
+
+def worker_pids(workers):
+    return workers.run(os.getpid, return_all=True)
+
+
+def test_a_worker_killed_between_calls_is_named_at_the_next_call(workers):
+    pids = worker_pids(workers)
+    os.kill(pids[1], signal.SIGKILL)
+    time.sleep(1.0)  # the next cell, a moment later
+    with pytest.raises(WorkerError) as failure:
+        workers.run_cell("1 + 1")
+    assert failure.value.rank == 1 and failure.value.exitcode == -signal.SIGKILL
+    assert "worker rank 1 was killed by SIGKILL" in str(failure.value)
+    assert "workers.restart()" in str(failure.value)
+    assert not workers.alive
+    workers.restart()
+    assert workers.run_cell("1 + 1") == 2
+
+
+def test_a_worker_that_exits_between_calls_is_named_with_its_code(workers):
+    exit_soon = "import os, threading\nthreading.Timer(0.2, os._exit, (7,)).start()"
+    workers.run_cell(exit_soon, ranks=[0])
+    time.sleep(1.5)
+    with pytest.raises(WorkerError) as failure:
+        workers.run_cell("1 + 1")
+    assert failure.value.rank == 0 and failure.value.exitcode == 7
+    assert "worker rank 0 exited with code 7" in str(failure.value)
+    assert "workers.restart()" in str(failure.value)
+
+
+def test_a_worker_killed_during_a_call_is_named(workers):
+    pids = worker_pids(workers)
+    workers.run_cell("import time")
+    started = time.monotonic()
+    timer = __import__("threading").Timer(0.5, os.kill, (pids[0], signal.SIGKILL))
+    timer.start()
+    try:
+        with pytest.raises(WorkerError) as failure:
+            workers.run_cell("time.sleep(30)")
+    finally:
+        timer.join()
+    assert time.monotonic() - started < 10
+    assert failure.value.rank == 0 and "killed by SIGKILL" in str(failure.value)
+    assert "workers.restart()" in str(failure.value)

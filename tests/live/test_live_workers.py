@@ -236,6 +236,7 @@ def test_a_worker_that_dies_ends_the_group(workers):
         workers.run(os._exit, 3, ranks=[1])
     assert failure.value.rank == 1 and failure.value.exitcode == 3
     assert "the group was ended" in str(failure.value)
+    assert "workers.restart() starts a new group" in str(failure.value)
     assert not workers.alive
     workers.restart()
     assert workers.run_cell("1 + 1") == 2
