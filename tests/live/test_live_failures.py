@@ -1,5 +1,6 @@
 """What notebook users do to live workers that used to end the group or hide the cause:
-a value that cannot come back, a worker that dies between calls. 2 CPU workers each time."""
+a value that cannot come back, one rank failing while its peers wait in a collective,
+a worker that dies between calls. 2 CPU workers each time."""
 
 from __future__ import annotations
 
@@ -95,6 +96,73 @@ def test_values_that_cannot_come_back_show_their_repr_and_keep_the_group(workers
     ]
 
 
+# -- one rank fails while the others wait in a collective -----------------------------
+
+fail_while_the_other_reduces = """
+import torch.distributed as dist
+
+def fail_while_the_other_reduces():
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 gave up before the all-reduce")
+    dist.all_reduce(torch.ones(1))  # rank 1 never joins
+    return "unreachable"
+"""
+
+fail_in_training = """
+def fail_in_training():
+    if accelerator.process_index == 1:
+        raise ValueError("bad batch on rank 1")
+    return train_step()  # rank 0 waits in DDP's all-reduce
+"""
+
+
+def test_a_rank_that_fails_while_its_peer_waits_in_a_collective_is_shown_at_once(workers):
+    workers.run_cell(DDP_CELL + fail_while_the_other_reduces + fail_in_training)
+    workers.run_cell("train_step()")
+    for call in ("fail_while_the_other_reduces()", "fail_in_training()"):
+        started = time.monotonic()
+        with pytest.raises(WorkerError) as failure:
+            # Before, this waited out the timeout and said only TimeoutError.
+            workers.run_cell(call, timeout=60)
+        took = time.monotonic() - started
+        print(f"{call}: the failing rank's error after {took:.2f} s")
+        assert took < 10  # not the timeout: the goal is 2 s, on a quiet machine
+        error = failure.value
+        assert error.rank == 1  # the cause, not the peer that saw its connection close
+        assert "ValueError: rank 1 gave up" in str(error) or "ValueError: bad batch" in str(error)
+        assert "raise ValueError" in error.traceback
+        assert "worker rank 0" in str(error)  # the peer that was waiting is named too
+        assert "process group was formed again" in str(error)
+        assert "still running, with their state" in str(error)
+        # The group goes on: collectives work, the model trains, the replicas agree.
+        assert workers.alive
+        assert workers.run_cell("dist.all_reduce(t := torch.ones(1)); t.item()") == 2.0
+    steps = workers.run_cell("train_step()", return_all=True)
+    assert steps[0] == steps[1] == 2  # the failed steps were never counted on rank 1
+    assert_replicas_equal(workers)
+
+
+wait_in_a_collective_alone = """
+import torch.distributed as dist
+
+def wait_in_a_collective_alone():
+    if dist.get_rank() == 0:
+        dist.all_reduce(torch.ones(1))  # rank 1 has returned
+    return "done"
+"""
+
+
+def test_a_timeout_brings_a_rank_out_of_a_collective_its_peer_left(workers):
+    workers.run_cell(DDP_CELL + wait_in_a_collective_alone)
+    with pytest.raises(TimeoutError) as stopped:
+        workers.run_cell("wait_in_a_collective_alone()", timeout=0.5)
+    assert "worker rank 0 was waiting in a collective" in str(stopped.value)
+    assert "still running with their state" in str(stopped.value)
+    assert workers.alive
+    assert workers.run_cell("train_step()", return_all=True) == [1, 1]
+    assert_replicas_equal(workers)
+
+
 # -- a dead worker is named ---------------------------------------------------------
 
 
@@ -141,3 +209,25 @@ def test_a_worker_killed_during_a_call_is_named(workers):
     assert time.monotonic() - started < 10
     assert failure.value.rank == 0 and "killed by SIGKILL" in str(failure.value)
     assert "workers.restart()" in str(failure.value)
+
+
+FSDP_CELL = """
+import torch
+import torch.distributed as dist
+from notebook_accel import Accelerator, FullyShardedDataParallelPlugin
+
+accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
+sharded = accelerator.prepare(torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)))
+"""
+
+
+def test_an_fsdp_model_that_cannot_follow_the_group_is_named(workers):
+    workers.run_cell(FSDP_CELL + fail_while_the_other_reduces)
+    with pytest.raises(WorkerError) as failure:
+        workers.run_cell("fail_while_the_other_reduces()", timeout=60)
+    assert failure.value.rank == 1
+    assert "process group was formed again" in str(failure.value)
+    # FSDP has no way to move to another group: the message says to prepare it again.
+    assert "FSDP models keep the old process group" in str(failure.value)
+    assert "prepare them again (FSDPSequential)" in str(failure.value)
+    assert workers.run_cell("dist.all_reduce(t := torch.ones(1)); t.item()") == 2.0
