@@ -502,6 +502,12 @@ class WorkerGroup:
     def _ended_workers(self) -> list[_Worker]:
         return [w for w in self.workers if w.error is not None or w.exitcode is not None]
 
+    def poll(self) -> None:
+        """Handle what the workers did since the last look (output, events, exits),
+        without waiting: a live group looks for a worker that died between calls."""
+        self._poll(until=time.monotonic())
+        self._reap_unseen_exits()
+
     def all_exited(self) -> bool:
         """Whether every worker has exited."""
         return all(worker.exitcode is not None for worker in self.workers)

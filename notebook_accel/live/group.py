@@ -14,9 +14,16 @@ namespace, and return real objects (tensors moved to the CPU).
   and leaves the workers alive with their state; a second press, or a worker
   that does not stop within `STOP_GRACE_SECONDS`, ends the group and says so.
 - An exception in the called code raises WorkerError in the cell; the workers
-  stay up. A worker that dies ends the group with a WorkerError;
-  `workers.restart()` starts it again in one call. The kernel's restart or
-  death ends the workers (as for launches: they die with it).
+  stay up. When one rank fails while others are still in the call (waiting
+  in a collective for it, most often), they are interrupted and their
+  connections broken at once, the process group is formed again, and the
+  group goes on (live/regroup.py).
+- A value that cannot come back shows as its repr from the worker
+  (live/values.py); the group goes on.
+- A worker that dies, during a call or between calls, ends the group with a
+  WorkerError that names it; `workers.restart()` starts a new group in one
+  call. The kernel's restart or death ends the workers (as for launches: they
+  die with it).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import itertools
+import pickle
 import signal
 import threading
 import time
@@ -38,15 +46,29 @@ from notebook_accel.launch.preflight import LaunchPlan, plan_launch
 from notebook_accel.launch.report import RunReport
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
 from notebook_accel.live.protocol import Call, write_call
+from notebook_accel.live.values import unpack
 
 # After a stop press (or a timeout), how long the workers get to end the call.
 STOP_GRACE_SECONDS = 5.0
+# After a stop press, how long before the workers still in the call are taken out of
+# any collective (a worker that does not check for stops is interrupted after 2 s).
+BREAK_AFTER_SECONDS = 3.0
+# After one rank failed, how long the others get to end the call by themselves
+# before they are interrupted and taken out of any collective.
+FAILURE_SETTLE_SECONDS = 0.25
+# How long the workers get to form their process group again.
+REGROUP_SECONDS = 60.0
+# How long to wait for a worker's exit to be seen once its call pipe broke.
+EXIT_NOTICE_SECONDS = 3.0
 # How long the workers get to start and join their process group.
 START_SECONDS = 120.0
 # How long a worker may take to read its next call before it counts as stuck.
 SEND_SECONDS = 30.0
 # How long the workers get to exit when the group is closed.
 CLOSE_SECONDS = 5.0
+
+
+RESTART = "workers.restart() starts a new group (the workers' state is gone)."
 
 
 class GroupEnded(RuntimeError):
@@ -112,6 +134,13 @@ class LiveWorkers:
         self._ended_because = "it has not been started"
         self._current_stop: StopSignal | None = None
         self._calling = threading.Lock()
+        # The connections were broken during this call: the process group must be formed again.
+        self._broken = False
+        # Ranks still in a call that failed elsewhere, when they were interrupted.
+        self._still_in_call: list[int] = []
+        # What the user must know after the process group was formed again (FSDP models).
+        self._regroup_note = ""
+        self._generation = 0  # how many times the process group was formed again
 
     # -- the group's life --------------------------------------------------------
 
@@ -249,20 +278,33 @@ class LiveWorkers:
         self._finished[call_id] = {}
         timeout = self.call_timeout if timeout is None else timeout
         self._call_view = None
+        self._broken = False
+        self._still_in_call = []
+        self._regroup_note = ""
         try:
             # A stop press (or interrupt() from another thread, the panel's Stop)
             # from here on interrupts the call on the workers.
             with self._stoppable() as stop:
+                self._notice_deaths(group)
                 self._send(group, call)
                 try:
-                    self._serve_until(lambda: self._answered(call_id, chosen), timeout, stop)
+                    self._serve_until(lambda: self._settled(call_id, chosen), timeout, stop)
+                    if not self._answered(call_id, chosen):
+                        self._bring_out(call_id, chosen, stop)
                 except (KeyboardInterrupt, TimeoutError) as why:
                     self._interrupt(call_id, chosen, why, timeout)
-                    raise
         finally:
             self._finish_view()
         answers = self._finished.pop(call_id)
-        return self._outcome(answers, chosen, return_all)
+        not_formed = self._form_again_if_broken()
+        return self._outcome(answers, chosen, return_all, not_formed)
+
+    def _notice_deaths(self, group: WorkerGroup) -> None:
+        """Before a call: a worker that died since the last one ends the group, named."""
+        group.poll()
+        if any(worker.exitcode is not None or worker.error for worker in group.workers):
+            with contextlib.suppress(TimeoutError):
+                self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError
 
     def _send(self, group: WorkerGroup, call: Call) -> None:
         deadline = time.monotonic() + SEND_SECONDS
@@ -270,60 +312,176 @@ class LiveWorkers:
             for rank in call.ranks:
                 write_call(group.command_fd(rank), call, deadline)
         except (OSError, TimeoutError) as error:
+            # Most often a worker that died since the last call (its pipe is closed):
+            # wait for its exit, to name it.
+            with contextlib.suppress(TimeoutError):
+                self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError
             self._end(f"a worker stopped reading calls ({error})")
             raise GroupEnded(
-                f"a worker did not take the call ({error}); the group was ended. "
-                "workers.restart() starts it again."
+                f"a worker did not take the call ({error}); the group was ended. {RESTART}"
             ) from None
+
+    def _bring_out(self, call_id: int, chosen: list[int], stop: StopSignal) -> None:
+        """A rank failed while others are still in the call: the call has failed, and
+        a peer waiting for the failed rank in a collective would wait for the process
+        group's timeout (30 minutes). Give them a moment, then interrupt them and
+        break the connections, which ends any such wait at once."""
+        done = lambda: self._answered(call_id, chosen)  # noqa: E731
+        if self._wait(done, FAILURE_SETTLE_SECONDS, stop):
+            return
+        self._still_in_call = pending = self._pending(call_id, chosen)
+        self._signal(pending, signal.SIGINT)
+        self._break_connections()
+        if self._wait(done, STOP_GRACE_SECONDS, stop):
+            return
+        stuck = self._pending(call_id, chosen)
+        failures = self._failures(self._finished.get(call_id, {}), chosen)
+        self._end(f"{_ranks(stuck)} did not leave a call that failed")
+        raise WorkerError(
+            failures,
+            ending=f"{_ranks(stuck)} did not leave the call within {STOP_GRACE_SECONDS:.0f} s "
+            f"(it ignores interrupts), so the group was ended. {RESTART}",
+        )
 
     def _interrupt(
         self, call_id: int, chosen: list[int], why: BaseException, timeout: float | None
     ) -> None:
-        """Interrupt the call on the workers; end the group if they do not stop in time."""
-        group = self._group
-        assert group is not None
-        for rank in chosen:
-            if rank not in self._finished.get(call_id, {}):
-                group.signal(rank, signal.SIGINT)
+        """Interrupt the call on the workers, bring any worker stuck in a collective out of
+        it, and raise `why` saying so; end the group if they do not stop in time."""
+        self._signal(self._pending(call_id, chosen), signal.SIGINT)
         reason = "timeout" if isinstance(why, TimeoutError) else "stop"
+        done = lambda: self._answered(call_id, chosen)  # noqa: E731
+        stuck: list[int] = []
         try:
             with self._stoppable() as second_press:
-                self._serve_until(
-                    lambda: self._answered(call_id, chosen), STOP_GRACE_SECONDS, second_press
-                )
-        except (KeyboardInterrupt, TimeoutError, WorkerError) as failed:
+                if not self._wait(done, BREAK_AFTER_SECONDS, second_press):
+                    # Still in the call after the forced interrupt: most likely in a
+                    # collective whose peers have left it.
+                    stuck = self._pending(call_id, chosen)
+                    if not self._broken:
+                        self._break_connections()
+                    grace = STOP_GRACE_SECONDS - BREAK_AFTER_SECONDS
+                    if not self._wait(done, grace, second_press):
+                        raise TimeoutError
+        except WorkerError:
+            raise  # a worker died meanwhile: the group was ended, and the error names it
+        except (KeyboardInterrupt, TimeoutError) as failed:
             what = "a second stop" if isinstance(failed, KeyboardInterrupt) else "no answer"
             self._end(f"the workers did not stop in time after a {reason} ({what})")
             message = (
                 f"the call was {'stopped' if reason == 'stop' else 'timed out'} and the workers "
-                f"did not stop within {STOP_GRACE_SECONDS:.0f} s ({what}; code stuck in a "
-                "collective cannot be interrupted), so the group was ended; "
-                "workers.restart() starts it again"
+                f"did not stop within {STOP_GRACE_SECONDS:.0f} s ({what}; code that ignores "
+                f"interrupts, or stuck in C code, cannot be stopped), so the group was ended. "
+                f"{RESTART}"
             )
             raise type(why)(message) from None
+        not_formed = self._form_again_if_broken()
+        if not_formed:
+            raise type(why)(
+                f"the call was {'stopped' if reason == 'stop' else 'timed out'}; "
+                f"{_ranks(stuck)} had to be taken out of a collective, and {not_formed}"
+            ) from None
+        brought_out = ""
+        if stuck:
+            brought_out = (
+                f"; {_ranks(stuck)} {'was' if len(stuck) == 1 else 'were'} waiting in a "
+                "collective that its peers had left, so the workers' connections were broken "
+                "and the process group was formed again"
+            )
+        note = self._regroup_note
         if isinstance(why, TimeoutError):
             raise TimeoutError(
                 f"the call did not finish within timeout={timeout} s; it was interrupted on "
-                "every worker, which are still running with their state"
+                f"every worker{brought_out}; the workers are still running with their state."
+                f"{note}"
             ) from None
-        raise KeyboardInterrupt("the call was stopped on every worker; they are still running")
+        raise KeyboardInterrupt(
+            f"the call was stopped on every worker{brought_out}; they are still running.{note}"
+        )
+
+    def _break_connections(self) -> None:
+        """Have every worker shut down its connections to the others: any collective
+        they wait in (or start) fails at once (live/regroup.py)."""
+        group = self._running_group()
+        pids = [worker.process.pid for worker in group.workers]
+        self._send(group, Call(next(self._ids), "break", pickle.dumps(pids), tuple(self.ranks)))
+        self._broken = True
+
+    def _form_again_if_broken(self) -> str | None:
+        """After the connections were broken: every worker forms the process group again.
+        If they cannot, the group is ended: returns what to tell the user, else None."""
+        if not self._broken:
+            return None
+        self._broken = False
+        group = self._running_group()
+        self._generation += 1
+        call_id = next(self._ids)
+        self._finished[call_id] = {}
+        call = Call(call_id, "regroup", str(self._generation).encode(), tuple(self.ranks))
+        done = lambda: self._answered(call_id, self.ranks)  # noqa: E731
+        why = ""
+        try:
+            with interrupts_stop(None) as stop:
+                self._send(group, call)
+                if not self._wait(done, REGROUP_SECONDS, stop):
+                    why = f"no answer within {REGROUP_SECONDS:.0f} s"
+        except KeyboardInterrupt:
+            why = "it was stopped"
+        formed = self._finished.pop(call_id, {})
+        why = why or "; ".join(f"rank {a.rank}: {a.error}" for a in formed.values() if a.error)
+        if not why:
+            sharded = sorted({name for a in formed.values() for name in a.value["fsdp_models"]})
+            if sharded:
+                self._regroup_note = (
+                    f" FSDP models keep the old process group and fail at their next "
+                    f"collective: prepare them again ({', '.join(sharded)})."
+                )
+            return None
+        self._end(f"its process group could not be formed again ({why})")
+        return (
+            f"the process group could not be formed again ({why}), so the group was ended. "
+            f"{RESTART}"
+        )
 
     def _outcome(
-        self, answers: dict[int, CallFinished], chosen: list[int], return_all: bool
+        self,
+        answers: dict[int, CallFinished],
+        chosen: list[int],
+        return_all: bool,
+        not_formed: str | None = None,
     ) -> Any:
-        failed = [answers[rank] for rank in chosen if answers[rank].error]
-        if failed:
-            failed.sort(key=lambda answer: "KeyboardInterrupt" in answer.error)  # the cause first
-            raise WorkerError(
-                [
-                    WorkerFailure(a.rank, None, traceback=a.traceback, exception=a.error)
-                    for a in failed
-                ],
-                ending="the workers are still running, with their state.",
-            )
-        if return_all:
-            return [answers[rank].value for rank in chosen]
-        return answers[chosen[0]].value
+        failures = self._failures(answers, chosen)
+        if not_formed and not failures:
+            raise GroupEnded(not_formed)
+        if failures:
+            ending = "the workers are still running, with their state."
+            still_in_call = self._still_in_call
+            if still_in_call:
+                was = "was" if len(still_in_call) == 1 else "were"
+                ending = (
+                    f"{_ranks(still_in_call)}, still in the call, {was} interrupted and taken "
+                    "out of any collective (the workers' connections were broken and the "
+                    f"process group was formed again); {ending}{self._regroup_note}"
+                )
+            if not_formed:
+                ending = (
+                    f"{_ranks(still_in_call)}, still in the call, had to be taken out of any "
+                    f"collective, and {not_formed}"
+                )
+            raise WorkerError(failures, ending=ending)
+        values = [unpack(answers[rank].value, rank) for rank in chosen]
+        return values if return_all else values[0]
+
+    @staticmethod
+    def _failures(answers: dict[int, CallFinished], chosen: list[int]) -> list[WorkerFailure]:
+        """The chosen ranks' errors, the cause first: in the order they came (a rank
+        that failed first is the cause; one that lost its connection after it is a
+        consequence), and interrupts last."""
+        failed = [answer for answer in answers.values() if answer.error and answer.rank in chosen]
+        failed.sort(key=lambda answer: "KeyboardInterrupt" in answer.error)
+        return [
+            WorkerFailure(a.rank, None, traceback=a.traceback, exception=a.error) for a in failed
+        ]
 
     def interrupt(self) -> None:
         """Interrupt the running call, as the notebook's stop button does (from any
@@ -375,6 +533,28 @@ class LiveWorkers:
         answers = self._finished.get(call_id, {})
         return all(rank in answers for rank in ranks)
 
+    def _settled(self, call_id: int, ranks: list[int]) -> bool:
+        """Every rank answered, or one of them failed (the call has failed)."""
+        answers = self._finished.get(call_id, {})
+        return all(rank in answers for rank in ranks) or any(a.error for a in answers.values())
+
+    def _pending(self, call_id: int, ranks: list[int]) -> list[int]:
+        answers = self._finished.get(call_id, {})
+        return [rank for rank in ranks if rank not in answers]
+
+    def _signal(self, ranks: list[int], signum: int) -> None:
+        group = self._running_group()
+        for rank in ranks:
+            group.signal(rank, signum)
+
+    def _wait(self, done: Callable[[], bool], seconds: float, stop: StopSignal | None) -> bool:
+        """Serve the workers until `done()` (True) or for `seconds` (False)."""
+        try:
+            self._serve_until(done, seconds, stop)
+        except TimeoutError:
+            return False
+        return True
+
     def _serve_until(
         self, done: Callable[[], bool], seconds: float | None, stop: StopSignal | None
     ) -> None:
@@ -384,7 +564,7 @@ class LiveWorkers:
             group.serve_until(done, deadline, stop)
         except WorkerError as failure:
             self._end(f"{failure.failures[0].describe()}")
-            raise WorkerError(failure.failures, ending="the group was ended.") from None
+            raise WorkerError(failure.failures, ending=f"the group was ended. {RESTART}") from None
 
     def _emit(self, event: RunEvent) -> None:
         if isinstance(event, CallFinished):
@@ -424,3 +604,10 @@ class LiveWorkers:
         if rendezvous is not None:
             rendezvous.__exit__(None, None, None)
         self.report.status = "stopped"
+
+
+def _ranks(ranks: list[int]) -> str:
+    """ "worker rank 0", "worker ranks 0, 2" """
+    if len(ranks) == 1:
+        return f"worker rank {ranks[0]}"
+    return f"worker ranks {', '.join(map(str, ranks))}"

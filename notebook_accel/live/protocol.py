@@ -4,7 +4,13 @@ A frame is a pickled `Call` behind an 8-byte length. The function, its
 arguments or a cell's source travel inside it by value (cloudpickle, as for
 workers in fresh interpreters: a function defined after the workers started
 exists only in the kernel). What comes back goes down the worker's event
-channel as a `CallFinished` (launch/events.py).
+channel as a `CallFinished` (launch/events.py), its value packed by
+live/values.py.
+
+Besides the user's calls, the kernel sends two of its own (live/regroup.py):
+"break" (every worker shuts down its connections to the others, at once,
+even in the middle of a call) and "regroup" (every worker forms the process
+group again, then answers).
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ class Call:
 
     call_id: int
     # "function": `payload` is (function, args, kwargs) pickled by value;
-    # "cell": `payload` is the cell's source, utf-8.
+    # "cell": `payload` is the cell's source, utf-8;
+    # "break": `payload` is the workers' process ids, pickled (no answer);
+    # "regroup": `payload` is the new group's generation number, as text.
     kind: str
     payload: bytes
     ranks: tuple[int, ...]

@@ -12,7 +12,13 @@ that calls `accelerator.check_trigger()` each step stops at the same step on
 every worker and returns. Code that does not check gets KeyboardInterrupt
 where it runs; the call ends with that error and the worker waits for the
 next one, its state intact. Code stuck in C++ (a collective a peer left)
-cannot be interrupted; the kernel then ends the group.
+cannot be interrupted: the kernel then has every worker break its
+connections to the others, which fails the collective at once, and form the
+process group again (live/regroup.py).
+
+Calls are read on a thread of their own and handed to the main thread, which
+runs them; only the order to break the connections is carried out on the
+reading thread itself, since the main thread may be the one stuck.
 """
 
 from __future__ import annotations
@@ -20,8 +26,11 @@ from __future__ import annotations
 import ast
 import contextlib
 import linecache
+import pickle
+import queue
 import signal
 import sys
+import threading
 import time
 import traceback
 import types
@@ -30,7 +39,9 @@ from typing import Any
 
 from notebook_accel import interrupts
 from notebook_accel.launch.events import CallFinished
+from notebook_accel.live import regroup
 from notebook_accel.live.protocol import Call, read_call
+from notebook_accel.live.values import pack
 from notebook_accel.nested import to_cpu
 
 # A stop press asks the code to stop at its next check_trigger(); code that has
@@ -45,14 +56,50 @@ def serve() -> None:
     from notebook_accel.launch import worker
     from notebook_accel.state import PartialState
 
-    command_fd = worker.command_fd()
     state = PartialState()  # joins the process group, as Accelerator() would
     channel = worker.current_channel()
     namespace = sys.modules["__main__"].__dict__
+    calls = _CallReader(worker.command_fd())
     channel.send(CallFinished(state.process_index, 0))  # ready
-    while (call := read_call(command_fd)) is not None:
-        if state.process_index in call.ranks:
+    while (call := calls.next()) is not None:
+        if call.kind == "regroup":
+            channel.send(_formed_again(call, state.process_index))
+        elif state.process_index in call.ranks:
             channel.send(_answer(call, namespace, state.process_index))
+
+
+class _CallReader:
+    """Reads the kernel's calls on a thread of its own; `next()` hands them to the
+    main thread in order. An order to break the connections ("break") is carried
+    out at once, on the reading thread, wherever the main thread is."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+        self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(
+            target=self._read, name="notebook_accel-live-calls", daemon=True
+        )
+        self._thread.start()
+
+    def next(self) -> Call | None:
+        """The next call, or None once the kernel closed the pipe (waits for it)."""
+        while True:
+            with contextlib.suppress(queue.Empty):
+                return self._calls.get(timeout=1.0)
+
+    def _read(self) -> None:
+        # Stop presses and the forced interrupt's alarm are for the main thread: a
+        # signal this thread took would not wake the main thread's sleep.
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGALRM})
+        try:
+            while (call := read_call(self._fd)) is not None:
+                if call.kind == "break":
+                    with contextlib.suppress(Exception):  # then the kernel ends the group
+                        regroup.break_connections(pickle.loads(call.payload))
+                else:
+                    self._calls.put(call)
+        finally:
+            self._calls.put(None)
 
 
 def _answer(call: Call, namespace: dict[str, Any], rank: int) -> CallFinished:
@@ -61,17 +108,31 @@ def _answer(call: Call, namespace: dict[str, Any], rank: int) -> CallFinished:
         with _interruptible():
             value = _execute(call, namespace)
         wanted = call.return_all or rank == call.ranks[0]
-        finished = CallFinished(rank, call.call_id, value=to_cpu(value) if wanted else None)
+        finished = CallFinished(rank, call.call_id, value=pack(to_cpu(value)) if wanted else None)
     except BaseException as error:  # noqa: BLE001 - every failure goes back to the kernel
-        return CallFinished(
-            rank,
-            call.call_id,
-            error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
-            traceback=_user_traceback(error),
-            seconds=time.perf_counter() - started,
-        )
+        return _failed(rank, call, error, started)
     finished.seconds = time.perf_counter() - started
     return finished
+
+
+def _formed_again(call: Call, rank: int) -> CallFinished:
+    """Form the process group again (after its connections were broken)."""
+    started = time.perf_counter()
+    try:
+        summary = regroup.form_again(int(call.payload))
+    except BaseException as error:  # noqa: BLE001 - the kernel ends the group on failure
+        return _failed(rank, call, error, started)
+    return CallFinished(rank, call.call_id, value=summary, seconds=time.perf_counter() - started)
+
+
+def _failed(rank: int, call: Call, error: BaseException, started: float) -> CallFinished:
+    return CallFinished(
+        rank,
+        call.call_id,
+        error=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+        traceback=_user_traceback(error),
+        seconds=time.perf_counter() - started,
+    )
 
 
 def _execute(call: Call, namespace: dict[str, Any]) -> Any:
