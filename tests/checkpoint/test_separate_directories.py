@@ -173,3 +173,42 @@ def test_a_sharded_model_saved_into_two_directories_is_refused_on_every_process(
 )
 def test_the_save_every_process_can_load(saved, chosen):
     assert _choose_save(saved) == chosen
+
+
+def _save_into_own_or_foreign(base):
+    accelerator = Accelerator()
+    accelerator.prepare(torch.nn.Linear(2, 2))
+    folder = os.path.join(base, f"rank{accelerator.process_index}")
+    try:
+        accelerator.save_state(folder)
+    except CheckpointError as error:
+        return str(error)
+
+
+def test_a_bad_target_on_one_process_is_refused_on_every_process_before_anything_is_written(
+    tmp_path,
+):
+    notes = tmp_path / "rank1" / "notes.txt"  # rank 1's directory holds something else
+    notes.parent.mkdir()
+    notes.write_text("keep me")
+    errors = _launch(_save_into_own_or_foreign, str(tmp_path))
+    assert "rank1 exists and is not a checkpoint" in errors[1]
+    assert errors[0].startswith("process 1: ") and "rank1 exists" in errors[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["rank1"]  # rank 0 wrote nothing
+    assert notes.read_text() == "keep me"
+
+
+def test_files_of_processes_that_did_not_see_the_directory_stop_the_save(tmp_path):
+    from notebook_accel.checkpoint import CheckpointContext, _Sharing, _write_manifest
+    from notebook_accel.kwargs import ProjectConfiguration
+    from notebook_accel.registry import TrainingObjects
+
+    # A file system that showed process 1 its directory late: process 0 saw only its
+    # own files, and then process 1's appeared in the same directory.
+    for name in ("random_states_0.pkl", "loop_state_0.pkl", "loop_state_1.pkl"):
+        (tmp_path / name).write_bytes(b"x")
+    run = CheckpointContext(TrainingObjects(), ProjectConfiguration(), num_processes=2)
+    sharing = _Sharing(ranks=(0,), directories=2, saved=[(None, None)] * 2)
+    with pytest.raises(CheckpointError, match=r"also holds the files of processes \[1\]"):
+        _write_manifest(run, tmp_path, "0123456789ab", sharing, sharded=False, shared=True)
+    assert not (tmp_path / MANIFEST).exists()
