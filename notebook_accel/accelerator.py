@@ -122,6 +122,7 @@ class Accelerator:
         self.state.mixed_precision = self.precision.name
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
         self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
+        self.state.use_fsdp_plugin(self.fsdp_plugin)
         self.dynamo_plugin = compiling.plugin_for(
             dynamo_backend, dynamo_plugin, compile, self.state.platform.compile_problem
         )
@@ -196,7 +197,8 @@ class Accelerator:
 
     @property
     def distributed_type(self) -> DistributedType:
-        """How the processes cooperate: NO, MULTI_CPU, MULTI_GPU or XLA."""
+        """How the processes cooperate: NO, MULTI_CPU, MULTI_GPU, XLA, or FSDP while an FSDP
+        plugin shards the models."""
         return self.state.distributed_type
 
     @property

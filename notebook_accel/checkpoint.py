@@ -9,29 +9,77 @@ A checkpoint is a directory (file names follow Accelerate's):
     custom_checkpoint_0.pkl, ...                  objects given to register_for_checkpointing
     random_states_{rank}.pkl                      every random generator of each rank
     loop_state_{rank}.pkl                         each rank's step counter and DataLoader positions
-    checkpoint.json                               what the checkpoint holds; written last
+    checkpoint.json                               the manifest, written last: every file with
+                                                  its size and CRC-32, whose files these are,
+                                                  and which save they belong to
     sharded/                                      instead of the model and optimizer files when
                                                   the models are sharded (FSDP): each rank's
                                                   shards, through torch.distributed.checkpoint
 
-The main process writes the shared files, each rank its own. Everything is
-written into a hidden directory beside the target (`.NAME.partial`); when
-every rank has finished, the main process writes `checkpoint.json` and renames
-the directory into place. A process killed during a save therefore leaves the
-previous checkpoints as they were, and a half-written directory is never taken
-for a checkpoint.
+Processes need not share a directory. Each saves into the directory it was
+given (`output_dir`, or `project_dir/checkpoints/checkpoint_N`), wherever that
+is: one machine's disk, a file system every machine mounts, a local disk per
+machine, or a temporary directory per process.
 
-`checkpoint.json` records each file's size and CRC-32 (zlib's, computed from
-the bytes on their way to the disk: see notebook_accel/checksums.py).
-Loading reads and checks every file on every rank before anything is changed,
-its checksum included, so a file whose bytes changed but whose size did not
-is named too; if any rank finds a problem, every rank raises
-`CheckpointError` and no state is overwritten. Checkpoints written before
-checksums were recorded load with the size check only.
+- Each process writes its own files (random generators, loop state, its FSDP
+  shards) into its own directory.
+- The files every process needs (weights, optimizer, scheduler, scaler,
+  registered objects) are written once per directory, by the lowest rank
+  that writes into it (the directory's leader): into the main process's
+  directory always, and into every directory with
+  `ProjectConfiguration(save_on_each_node=True)`, Accelerate's option for
+  machines without a shared file system.
+- A load reads each process's own files from its own directory. A process
+  whose directory lacks the shared files receives them from the main
+  process (a broadcast), so a checkpoint saved without `save_on_each_node`
+  still resumes on every machine, at the cost of sending the weights over
+  the process group.
+
+How a save stays atomic across directories. Every step that decides
+something is a collective, so the processes decide together and none reads
+another machine's disk:
+
+1. Each process checks its target; a problem on any process raises on all
+   before anything is written. The main process draws a save id all share.
+2. Each process writes its own files into `.NAME.<save id>.partial`, a hidden
+   directory beside its target that no earlier save used.
+3. Each process lists whose files it sees there. Gathered, the lists say
+   which processes share a directory: the file system answers, whatever the
+   paths look like (two paths to one directory, one path on two disks).
+4. The leaders write the shared files and `checkpoint.json`. Every
+   directory is complete and on disk before any is committed: any problem
+   raises on every process, and nothing is committed.
+5. The leaders commit: the old checkpoint of that name is moved aside to
+   `.NAME.previous` and the new directory renamed into place. Once every
+   leader has committed (a barrier) the old ones are deleted and
+   `total_limit` is applied.
+
+A process killed before step 5 leaves every directory as it was. Killed
+during step 5, some directories hold the new save (with the old one as
+`.NAME.previous`) and others the old one. `load_state` therefore first
+gathers which save each process's directory holds, and which it replaced,
+and loads the save that every process can read (the newest such), never a
+mix of two; the next save or load puts the old checkpoint back in place and
+deletes the half-committed one. With automatic naming a half-committed
+`checkpoint_N` is passed over the same way, and numbering goes on after it.
+
+Loading reads and checks every file on every process before anything is
+changed, its CRC-32 included (computed from the bytes on their way to the
+disk: see notebook_accel/checksums.py), so a file whose bytes changed but
+whose size did not is named too; if any process finds a problem, every
+process raises `CheckpointError` and no state is overwritten. Checkpoints
+written before checksums were recorded load with the size check only.
 
 A sharded checkpoint also loads on a different number of processes (one
 model or the whole weights, as each rank needs them); the random generators
-and DataLoader positions are per process and are then left as they are.
+and DataLoader positions are per process and are then left as they are. It
+needs one directory that every process shares: torch.distributed.checkpoint
+indexes every shard in one metadata file, and stores a value that several
+processes hold once, in the file of whichever process it picks.
+
+The file system must show a file that one process wrote to the others that
+share its directory once they list the directory after a barrier (local
+disks do; so do NFS, Lustre and GPFS).
 
 What is saved is what a `TrainingObjects` registry holds (see
 `notebook_accel.registry`), handed over with this process's place in a
@@ -46,6 +94,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -74,10 +123,12 @@ SAFE_WEIGHTS = "model.safetensors"
 SHARDED_FOLDER = "sharded"
 PICKLED_WEIGHTS = "pytorch_model.bin"
 _NUMBERED = re.compile(r"checkpoint_(\d+)")
+_RANK_FILE = re.compile(r"(?:random_states|loop_state)_(\d+)\.pkl")
 
-# Called with each file's path right after a save has written it. Tests set it
-# to stop a process between two files of a save.
-after_file_written: Callable[[Path], None] | None = None
+# Called with each file's path right after a save has written it, and with a
+# save's finished directory right before it is moved into place. Tests set it
+# to stop a process in the middle of a save.
+after_written: Callable[[Path], None] | None = None
 
 # The checksums of files this process wrote in the current save, computed while
 # each was written: path -> (size, modification time in ns, "crc32:..."). The
@@ -96,7 +147,8 @@ class CheckpointContext:
     Args:
         objects: what is saved and restored, in order; `load_state` sets its step.
         project: where automatically named checkpoints go; its `iteration`
-            advances after each save and follows each load.
+            advances after each save and follows each load. Its
+            `save_on_each_node` writes the shared files into every directory.
         process_index / num_processes: this process's rank and the world size.
         barrier: blocks until every process calls it (a no-op in one process).
         unwrap: a prepared model's own module (without DDP or compile wrappers).
@@ -115,7 +167,7 @@ class CheckpointContext:
 
     @property
     def is_main_process(self) -> bool:
-        """True on rank 0, the process that writes the shared files."""
+        """True on rank 0, whose directory always gets the shared files."""
         return self.process_index == 0
 
     def unwrapped_models(self) -> list[torch.nn.Module]:
@@ -143,41 +195,176 @@ def list_checkpoints(folder: str | os.PathLike) -> list[Path]:
 
 
 def latest_checkpoint(project_dir: str | os.PathLike) -> Path | None:
-    """The newest complete checkpoint saved with automatic naming under `project_dir`, or None."""
+    """The newest complete checkpoint saved with automatic naming under `project_dir`, or None.
+
+    It looks at this process's directory only; `load_state()` agrees with the
+    other processes on the newest checkpoint that every one of them has.
+    """
     found = list_checkpoints(Path(project_dir) / CHECKPOINTS_FOLDER)
     return found[-1] if found else None
+
+
+# -- agreeing across processes --------------------------------------------------------
+
+
+def _raise_if_any(run: CheckpointContext, problem: Exception | None) -> None:
+    """Raise on every process if any process has a problem (a gather)."""
+    _raise_first(problem, ops.gather_object([problem]))
+
+
+def _raise_first(mine: Exception | None, everyone: list[Exception | None]) -> None:
+    """Raise this process's problem, else the first process's that has one, naming it."""
+    if mine is not None:
+        raise mine
+    for rank, error in enumerate(everyone):
+        if error is not None:
+            raise type(error)(f"process {rank}: {error}")
+
+
+def _saved_id(folder: Path) -> str | None:
+    """Which save the checkpoint in `folder` belongs to; None if there is no complete one.
+
+    Checkpoints from before save ids were recorded (always one directory) say "".
+    """
+    try:
+        return str(json.loads((folder / MANIFEST).read_text()).get("save", ""))
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _previous(target: Path) -> Path:
+    """Where a commit keeps the checkpoint it replaces until every directory has committed."""
+    return target.parent / f".{target.name}.previous"
+
+
+def _choose_save(saved: list[tuple[str | None, str | None]]) -> str | None:
+    """The save every process can load, from each one's (checkpoint's save, previous one's).
+
+    The one all checkpoints belong to; else, after a save killed while its
+    directories were committed, one that each process has either as its
+    checkpoint or as the checkpoint that one replaced. None if there is none.
+    """
+    current = {mine for mine, _ in saved}
+    if len(current) == 1 and None not in current:
+        return current.pop()
+    common = set.intersection(*({mine, replaced} - {None} for mine, replaced in saved))
+    main = saved[0]  # the main process's directory decides between two
+    return next((save for save in main if save in common), None)
+
+
+def _put_previous_back(target: Path) -> None:
+    """Undo a half-committed save here: its directory goes, the one it replaced returns."""
+    discarded = target.parent / f".{target.name}.discarded"
+    if discarded.exists():
+        shutil.rmtree(discarded)
+    if target.exists():
+        target.rename(discarded)
+    _previous(target).rename(target)
+    _fsync(target.parent)
+    if discarded.exists():
+        shutil.rmtree(discarded)
 
 
 # -- save_state -----------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class _Sharing:
+    """Which processes write into this process's directory, as the save found out."""
+
+    ranks: tuple[int, ...]  # the processes whose files are in this directory, in order
+    directories: int  # how many directories the save writes into
+    saved: list[tuple[str | None, str | None]]  # each process's (checkpoint's, previous') save
+
+    def leads(self, rank: int) -> bool:
+        """True for the one process that commits this directory: its lowest rank."""
+        return self.ranks[0] == rank
+
+
 def save_state(
     run: CheckpointContext, output_dir: str | os.PathLike | None, safe_serialization: bool
 ) -> Path:
-    """Write the whole training state of every rank atomically; returns the directory."""
-    target = _save_target(run, output_dir)
-    partial = target.parent / f".{target.name}.partial"
+    """Write the whole training state of every process atomically; returns this process's
+    directory (the steps are in the module's docstring)."""
+    target, save_id = _agree_on_targets(run, output_dir)
+    partial = target.parent / f".{target.name}.{save_id}.partial"
     _written_checksums.clear()  # only this save's files are looked up
-    if run.is_main_process:
-        _finish_interrupted_swap(target)
-        _fresh_directory(partial)
-    run.barrier()  # the directory exists before anyone writes into it
     _warn_if_accumulating(run)
+    partial.mkdir(parents=True, exist_ok=True)
     _write_rank_files(run, partial)
-    sharded = any(fsdp.is_sharded(model) for model in run.unwrapped_models())
-    if sharded:  # every rank writes its own shards
-        fsdp.sharded_save(partial / SHARDED_FOLDER, run.unwrapped_models(), run.objects.optimizers)
-    if run.is_main_process:
-        _write_shared_files(run, partial, safe_serialization, weights=not sharded)
-    run.barrier()  # every rank's files are in
-    if run.is_main_process:
-        _write_manifest(run, partial, sharded)
-        _move_into_place(partial, target)
+    run.barrier()  # every process's own files are in before anyone looks
+    sharing = _find_sharing(run, target, partial)
+    leader = sharing.leads(run.process_index)
+    try:
+        _complete(run, target, partial, save_id, sharing, safe_serialization)
+    except CheckpointError:  # raised on every process: nothing is committed anywhere
+        if leader:
+            shutil.rmtree(partial, ignore_errors=True)
+        raise
+    if leader:
+        _commit(partial, target)
+    run.barrier()  # every directory holds the new checkpoint
+    if leader:
+        shutil.rmtree(_previous(target), ignore_errors=True)
         _rotate(run, target.parent)
-    run.barrier()  # nobody goes on before the checkpoint is in place
+    run.barrier()  # nobody goes on before every old checkpoint is gone
     if run.project.automatic_checkpoint_naming:
         run.project.iteration += 1
     return target
+
+
+def _complete(
+    run: CheckpointContext,
+    target: Path,
+    partial: Path,
+    save_id: str,
+    sharing: _Sharing,
+    safe_serialization: bool,
+) -> None:
+    """Write the rest of every directory of the save: shards, shared files, manifests.
+
+    Returns once every directory is complete; a problem anywhere raises on
+    every process.
+    """
+    leader = sharing.leads(run.process_index)
+    sharded = any(fsdp.is_sharded(model) for model in run.unwrapped_models())
+    if sharded and sharing.directories > 1:
+        raise CheckpointError(
+            "sharded (FSDP) checkpoints need one directory that every process saves into; "
+            f"these processes were given {sharing.directories}. Give every process the same "
+            "output_dir (project_dir) on a file system they all share."
+        )
+    if leader:
+        _tidy(target, partial, sharing.saved)
+    if sharded:  # every rank writes its own shards
+        fsdp.sharded_save(partial / SHARDED_FOLDER, run.unwrapped_models(), run.objects.optimizers)
+    shared = leader and (run.is_main_process or run.project.save_on_each_node)
+    if shared:
+        _write_shared_files(run, partial, safe_serialization, weights=not sharded)
+    run.barrier()  # every file of every directory is in
+    problem = None
+    if leader:
+        try:
+            _write_manifest(run, partial, save_id, sharing, sharded=sharded, shared=shared)
+        except CheckpointError as error:
+            problem = error
+    _raise_if_any(run, problem)
+
+
+def _agree_on_targets(
+    run: CheckpointContext, output_dir: str | os.PathLike | None
+) -> tuple[Path, str]:
+    """This process's target, checked on every process first, and the save's id (the main
+    process's draw)."""
+    target, problem = None, None
+    try:
+        target = _save_target(run, output_dir)
+    except (ValueError, OSError) as error:  # CheckpointError, FileExistsError, ...
+        problem = error
+    drawn = ops.gather_object([(problem, uuid.uuid4().hex[:12])])
+    _raise_first(problem, [error for error, _ in drawn])
+    assert target is not None
+    return target, drawn[0][1]
 
 
 def _save_target(run: CheckpointContext, output_dir: str | os.PathLike | None) -> Path:
@@ -219,13 +406,6 @@ def _refuse_to_replace_other_files(target: Path) -> None:
         )
 
 
-def _finish_interrupted_swap(target: Path) -> None:
-    """Put back a checkpoint a save had moved aside when it was killed mid-swap."""
-    previous = target.parent / f".{target.name}.previous"
-    if not target.exists() and (previous / MANIFEST).exists():
-        previous.rename(target)
-
-
 def _warn_if_accumulating(run: CheckpointContext) -> None:
     if not run.sync_gradients and run.is_main_process:
         warnings.warn(
@@ -236,10 +416,45 @@ def _warn_if_accumulating(run: CheckpointContext) -> None:
         )
 
 
-def _fresh_directory(path: Path) -> None:
-    if path.exists():
-        shutil.rmtree(path)  # left by a save that was interrupted
-    path.mkdir(parents=True)
+def _find_sharing(run: CheckpointContext, target: Path, partial: Path) -> _Sharing:
+    """Which processes write into which directory: each says whose files it sees (a gather).
+
+    Also gathers which save each directory's checkpoint (and the one it
+    replaced) belongs to, for `_tidy`.
+    """
+    seen = tuple(
+        sorted({int(m.group(1)) for m in map(_RANK_FILE.fullmatch, os.listdir(partial)) if m})
+    )
+    mine = (seen, _saved_id(target), _saved_id(_previous(target)))
+    views = ops.gather_object([mine])
+    for rank, (ranks, _, _) in enumerate(views):
+        if rank not in ranks or any(views[other][0] != ranks for other in ranks):
+            lists = "; ".join(f"process {r} sees {list(v[0])}" for r, v in enumerate(views))
+            raise CheckpointError(
+                "the processes disagree about whose files are in their save directories "
+                f"({lists}): the file system did not show every process the files the "
+                "others wrote (a file system shared between machines that caches directory "
+                "listings). Save into a directory of each machine's own, or on a file system "
+                "that shows new files at once."
+            )
+    return _Sharing(
+        ranks=views[run.process_index][0],
+        directories=len({ranks for ranks, _, _ in views}),
+        saved=[(current, replaced) for _, current, replaced in views],
+    )
+
+
+def _tidy(target: Path, partial: Path, saved: list[tuple[str | None, str | None]]) -> None:
+    """Before a leader writes: undo a half-committed save in its directory, and remove what
+    interrupted saves of this name left."""
+    chosen = _choose_save(saved)
+    here = _saved_id(target), _saved_id(_previous(target))
+    if chosen is not None and here[0] != chosen and here[1] == chosen:
+        _put_previous_back(target)
+    stale = re.compile(rf"\.{re.escape(target.name)}\.(\w+\.partial|partial|discarded)")
+    for entry in target.parent.iterdir():
+        if entry != partial and stale.fullmatch(entry.name) and entry.is_dir():
+            shutil.rmtree(entry, ignore_errors=True)
 
 
 def _write_rank_files(run: CheckpointContext, folder: Path) -> None:
@@ -280,20 +495,35 @@ def _numbered(name: str, index: int) -> str:
     return f"{stem}_{index}.{ext}"
 
 
-def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False) -> None:
+def _write_manifest(
+    run: CheckpointContext,
+    folder: Path,
+    save_id: str,
+    sharing: _Sharing,
+    sharded: bool,
+    shared: bool,
+) -> None:
     paths = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     files = {path.relative_to(folder).as_posix(): path.stat().st_size for path in paths}
-    checksums = {path.relative_to(folder).as_posix(): _saved_checksum(path) for path in paths}
-    for rank in range(run.num_processes):
+    for rank in sharing.ranks:
         for name in (f"random_states_{rank}.pkl", f"loop_state_{rank}.pkl"):
             if name not in files:
-                raise RuntimeError(
-                    f"rank {rank} did not write {folder / name}: every process must save "
-                    "into the same directory (one machine, or a shared file system)"
-                )
+                raise CheckpointError(f"process {rank} did not write {folder / name}")
+    found = {int(m.group(1)) for m in map(_RANK_FILE.fullmatch, files) if m}
+    if found - set(sharing.ranks):  # a directory shared that the listing did not show
+        raise CheckpointError(
+            f"{folder} also holds the files of processes {sorted(found - set(sharing.ranks))}, "
+            "which did not see it when the save began: the file system showed one process's "
+            "new files to another late. Save into a directory of each machine's own, or on a "
+            "file system that shows new files at once."
+        )
+    checksums = {path.relative_to(folder).as_posix(): _saved_checksum(path) for path in paths}
     manifest = {
         "format": FORMAT_VERSION,
+        "save": save_id,
         "world_size": run.num_processes,
+        "ranks": list(sharing.ranks),
+        "shared": shared,  # whether the files every process needs are here
         "sharded": sharded,
         "mixed_precision": run.mixed_precision,
         "iteration": run.project.iteration,
@@ -302,19 +532,21 @@ def _write_manifest(run: CheckpointContext, folder: Path, sharded: bool = False)
         "checksums": checksums,
     }
     _write_file(folder / MANIFEST, manifest, _write_json)
+    _fsync(folder)  # the names of every process's files, before the commit
 
 
-def _move_into_place(partial: Path, target: Path) -> None:
-    """Rename the finished directory to `target`, replacing an older one of that name."""
-    previous = target.parent / f".{target.name}.previous"
+def _commit(partial: Path, target: Path) -> None:
+    """Rename the finished directory to `target`, keeping an older one of that name as
+    `.NAME.previous` until every directory has committed."""
+    if after_written is not None:
+        after_written(partial)
+    previous = _previous(target)
     if previous.exists():
         shutil.rmtree(previous)
     if target.exists():
         target.rename(previous)  # a directory cannot be renamed over a non-empty one
     partial.rename(target)
-    _fsync(target.parent)  # make the rename itself durable
-    if previous.exists():
-        shutil.rmtree(previous)
+    _fsync(target.parent)  # make the renames themselves durable
 
 
 def _rotate(run: CheckpointContext, folder: Path) -> None:
@@ -371,8 +603,8 @@ def _finish(path: Path, checksum: str | None = None, synced: bool = False) -> No
     if checksum is not None:
         stat = path.stat()
         _written_checksums[path.absolute()] = (stat.st_size, stat.st_mtime_ns, checksum)
-    if after_file_written is not None:
-        after_file_written(path)
+    if after_written is not None:
+        after_written(path)
 
 
 def _saved_checksum(path: Path) -> str:
@@ -470,88 +702,199 @@ def _load_tensors(model: torch.nn.Module, tensors: dict[str, torch.Tensor]) -> N
 
 
 @dataclass
-class _Checkpoint:
-    """Everything one rank reads from a checkpoint, checked but not yet applied."""
+class _Shared:
+    """The files every process needs, read and checked, from the directory `folder`."""
 
     folder: Path
-    manifest: dict
+    weight_files: list[Path] = field(default_factory=list)
     models: list[dict[str, torch.Tensor]] = field(default_factory=list)
     optimizers: list[dict] = field(default_factory=list)
     schedulers: list[dict] = field(default_factory=list)
     scaler: dict | None = None
     custom_objects: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class _Checkpoint:
+    """Everything one process reads from a checkpoint, checked but not yet applied."""
+
+    folder: Path
+    manifest: dict
+    shared: _Shared | None = None  # None: not in this directory (the main process sends them)
     random_states: dict = field(default_factory=dict)
     loop: dict = field(default_factory=dict)
 
 
 def load_state(run: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
-    """Restore what `save_state` wrote, on every rank, or change nothing; returns the directory."""
-    folder = _load_source(run, input_dir)
+    """Restore what `save_state` wrote, on every process, or change nothing; returns this
+    process's directory."""
+    folder, next_number = _load_source(run, input_dir)
+    source, half_committed = _agree_on_save(run, folder)
     checkpoint, problem = None, None
     try:
-        checkpoint = _read(run, folder)
+        checkpoint = _read(run, source)
     except CheckpointError as error:
-        problem = str(error)
-    # Every rank must agree before any state changes: one bad file stops them all.
-    problems = [p for p in ops.gather_object([problem]) if p]
-    if problems:
-        raise CheckpointError(problem or problems[0])
+        problem = error
+    # Every process must agree before any state changes: one bad file stops them all.
+    answers = ops.gather_object([(problem, checkpoint is not None and checkpoint.shared is None)])
+    _raise_first(problem, [error for error, _ in answers])
     assert checkpoint is not None
+    if any(lacking for _, lacking in answers):
+        _receive_shared(run, checkpoint)
     _apply(run, checkpoint)
-    _continue_numbering(run, folder)
-    return folder
-
-
-def _load_source(run: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
-    if input_dir is not None:
-        folder = Path(input_dir).absolute()
-        if run.is_main_process:
-            _finish_interrupted_swap(folder)
+    if half_committed:  # put this directory's checkpoint of the loaded save back in place
+        run.barrier()  # every process has read its files
+        if source != folder and _leads(run, checkpoint.manifest):
+            _put_previous_back(folder)
         run.barrier()
-    else:
-        config = run.project
-        if not config.automatic_checkpoint_naming or config.project_dir is None:
-            raise ValueError(
-                "load_state() needs input_dir, or an Accelerator with "
-                "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
-            )
-        # The main process chooses, so every rank loads the same one.
-        newest = [latest_checkpoint(config.project_dir)]
-        ops.broadcast_object_list(newest)
-        if newest[0] is None:
-            raise CheckpointError(
-                f"no complete checkpoint in {Path(config.project_dir) / CHECKPOINTS_FOLDER}"
-            )
-        folder = newest[0]
-    if not folder.is_dir():
-        raise CheckpointError(f"{folder}: no such checkpoint directory")
+    _continue_numbering(run, folder, next_number)
     return folder
+
+
+def _load_source(
+    run: CheckpointContext, input_dir: str | os.PathLike | None
+) -> tuple[Path, int | None]:
+    """The directory to load, and with automatic naming the number the next save takes.
+
+    With automatic naming the processes agree (a gather) on the newest
+    `checkpoint_N` that every one of them holds from the same save; the next
+    save takes a number after every one that any of them holds.
+    """
+    if input_dir is not None:
+        return Path(input_dir).absolute(), None
+    config = run.project
+    if not config.automatic_checkpoint_naming or config.project_dir is None:
+        raise ValueError(
+            "load_state() needs input_dir, or an Accelerator with "
+            "ProjectConfiguration(project_dir=..., automatic_checkpoint_naming=True)."
+        )
+    folder = Path(config.project_dir).absolute() / CHECKPOINTS_FOLDER
+    mine = {int(path.name.split("_")[1]): _saved_id(path) for path in list_checkpoints(folder)}
+    held = ops.gather_object([mine])
+    common = [n for n, save in mine.items() if all(n in his and his[n] == save for his in held)]
+    if not common:
+        if not any(held):
+            raise CheckpointError(f"no complete checkpoint in {folder}")
+        listed = "; ".join(
+            f"process {rank}: " + (", ".join(f"checkpoint_{n}" for n in sorted(his)) or "none")
+            for rank, his in enumerate(held)
+        )
+        raise CheckpointError(
+            f"no checkpoint in {folder} is complete on every process ({listed}). Each "
+            "process must load what it saved in the same save_state() call."
+        )
+    return folder / f"checkpoint_{max(common)}", max(n for his in held for n in his) + 1
+
+
+def _agree_on_save(run: CheckpointContext, folder: Path) -> tuple[Path, bool]:
+    """Where this process reads the save every process can load (a gather), and whether a
+    half-committed save is in the way somewhere (then loaded from `.NAME.previous` there)."""
+    mine = (_saved_id(folder), _saved_id(_previous(folder)), _why_not_loadable(folder))
+    views = ops.gather_object([mine])
+    chosen = _choose_save([(current, replaced) for current, replaced, _ in views])
+    if chosen is None:
+        raise CheckpointError(_no_common_save(run, folder, views))
+    source = folder if mine[0] == chosen else _previous(folder)
+    return source, any(current != chosen for current, _, _ in views)
+
+
+def _why_not_loadable(folder: Path) -> str | None:
+    if not folder.is_dir():
+        return f"{folder}: no such checkpoint directory"
+    try:
+        _read_manifest(folder)
+    except CheckpointError as error:
+        return str(error)
+    return None
+
+
+def _no_common_save(run: CheckpointContext, folder: Path, views: list[tuple]) -> str:
+    mine = views[run.process_index]
+    if mine[0] is None and mine[1] is None:
+        return mine[2]
+    for rank, (current, replaced, why) in enumerate(views):
+        if current is None and replaced is None:
+            return f"process {rank}: {why}"
+    saves = ", ".join(f"process {rank}: {current}" for rank, (current, _, _) in enumerate(views))
+    return (
+        f"{folder} and the other processes' checkpoints do not come from one save (save "
+        f"ids {saves}). Give each process the directory it saved into in one save_state() call."
+    )
+
+
+def _leads(run: CheckpointContext, manifest: dict) -> bool:
+    """Whether this process is the lowest rank whose files are in the loaded directory."""
+    return min(manifest.get("ranks") or range(manifest["world_size"])) == run.process_index
 
 
 def _read(run: CheckpointContext, folder: Path) -> _Checkpoint:
     manifest = _read_manifest(folder)
     _check_setup(run, folder, manifest)
     _check_files(folder, manifest["files"], manifest.get("checksums", {}))
-    rank = run.process_index
     checkpoint = _Checkpoint(folder, manifest)
-    sharded = manifest.get("sharded", False)  # then read by _apply, through DCP
-    for i, model in enumerate([] if sharded else run.objects.models):
-        checkpoint.models.append(_read_weights(folder, i, run.unwrap(model)))
-    for i, optimizer in enumerate([] if sharded else run.objects.optimizers):
-        path = folder / _numbered("optimizer.bin", i)
-        checkpoint.optimizers.append(_check_optimizer(path, _read_pickle(path), optimizer))
-    for i in range(len(run.objects.schedulers)):
-        checkpoint.schedulers.append(_read_pickle(folder / _numbered("scheduler.bin", i)))
-    if run.objects.scaler is not None and "scaler.pt" in manifest["files"]:
-        checkpoint.scaler = _read_pickle(folder / "scaler.pt")
-    for i in range(len(run.objects.custom_objects)):
-        checkpoint.custom_objects.append(_read_pickle(folder / f"custom_checkpoint_{i}.pkl"))
+    if manifest.get("shared", True):
+        checkpoint.shared = _read_shared(run, folder, manifest)
     if manifest["world_size"] != run.num_processes:  # a sharded checkpoint
         checkpoint.loop = {"step": _read_pickle(folder / "loop_state_0.pkl")["step"]}
         return checkpoint
+    rank = run.process_index
     checkpoint.random_states = _read_pickle(folder / f"random_states_{rank}.pkl")
     checkpoint.loop = _read_pickle(folder / f"loop_state_{rank}.pkl")
     return checkpoint
+
+
+def _read_shared(run: CheckpointContext, folder: Path, manifest: dict) -> _Shared:
+    shared = _Shared(folder)
+    sharded = manifest.get("sharded", False)  # then read by _apply, through DCP
+    for i in range(0 if sharded else len(run.objects.models)):
+        safe = folder / _numbered(SAFE_WEIGHTS, i)
+        path = safe if safe.is_file() else folder / _numbered(PICKLED_WEIGHTS, i)
+        shared.weight_files.append(path)
+        shared.models.append(_read_tensor_file(path))
+    for i in range(0 if sharded else len(run.objects.optimizers)):
+        shared.optimizers.append(_read_pickle(folder / _numbered("optimizer.bin", i)))
+    for i in range(len(run.objects.schedulers)):
+        shared.schedulers.append(_read_pickle(folder / _numbered("scheduler.bin", i)))
+    if run.objects.scaler is not None and "scaler.pt" in manifest["files"]:
+        shared.scaler = _read_pickle(folder / "scaler.pt")
+    for i in range(len(run.objects.custom_objects)):
+        shared.custom_objects.append(_read_pickle(folder / f"custom_checkpoint_{i}.pkl"))
+    _check_shared(run, shared)
+    return shared
+
+
+def _check_shared(run: CheckpointContext, shared: _Shared) -> None:
+    """The weights and optimizer states fit this process's models and optimizers."""
+    for i, (path, tensors) in enumerate(zip(shared.weight_files, shared.models, strict=True)):
+        model = run.unwrap(run.objects.models[i])
+        problems = _weight_problems(tensors, model)
+        if problems:
+            raise CheckpointError(
+                f"{path} does not fit model {i} ({type(model).__name__}): " + _listed(problems)
+            )
+    for i, (state, optimizer) in enumerate(
+        zip(shared.optimizers, run.objects.optimizers, strict=False)
+    ):
+        _check_optimizer(shared.folder / _numbered("optimizer.bin", i), state, optimizer)
+
+
+def _receive_shared(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
+    """Give the processes whose directory lacks the shared files the main process's (a
+    broadcast), checked here too; any problem raises on every process."""
+    sent = ops.broadcast_object_list([checkpoint.shared if run.is_main_process else None])[0]
+    problem = None
+    if checkpoint.shared is None:
+        try:
+            if sent is None:
+                raise CheckpointError(
+                    f"{checkpoint.folder} holds this process's files but not the weights, "
+                    "and neither does the main process's checkpoint"
+                )
+            _check_shared(run, sent)
+            checkpoint.shared = sent
+        except CheckpointError as error:
+            problem = error
+    _raise_if_any(run, problem)
 
 
 def _read_manifest(folder: Path) -> dict:
@@ -575,12 +918,19 @@ def _read_manifest(folder: Path) -> dict:
 
 
 def _check_setup(run: CheckpointContext, folder: Path, manifest: dict) -> None:
-    """The checkpoint was made by a run shaped like this one."""
+    """The checkpoint was made by a run shaped like this one, and holds this process's files."""
     path = folder / MANIFEST
-    if manifest["world_size"] != run.num_processes and not manifest.get("sharded"):
+    same_world = manifest["world_size"] == run.num_processes
+    if not same_world and not manifest.get("sharded"):
         raise CheckpointError(
             f"{path}: saved by {manifest['world_size']} processes, but this run has "
             f"{run.num_processes}. Resume with num_processes={manifest['world_size']}."
+        )
+    ranks = manifest.get("ranks")
+    if same_world and ranks is not None and run.process_index not in ranks:
+        raise CheckpointError(
+            f"{folder} holds the files of processes {ranks}, not of process "
+            f"{run.process_index}: give each process the directory it saved into."
         )
     for kind, mine in run.objects.counts().items():
         if manifest.get(kind, 0) != mine:
@@ -609,18 +959,6 @@ def _check_files(folder: Path, files: dict[str, int], checksums: dict[str, str])
                 f"{path} is corrupted: its checksum is {found}, {saved} when it was saved "
                 "(its bytes changed since; restore it or load another checkpoint)"
             )
-
-
-def _read_weights(folder: Path, index: int, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    safe = folder / _numbered(SAFE_WEIGHTS, index)
-    path = safe if safe.is_file() else folder / _numbered(PICKLED_WEIGHTS, index)
-    tensors = _read_tensor_file(path)
-    problems = _weight_problems(tensors, model)
-    if problems:
-        raise CheckpointError(
-            f"{path} does not fit model {index} ({type(model).__name__}): " + _listed(problems)
-        )
-    return tensors
 
 
 def _read_tensor_file(path: Path) -> dict[str, torch.Tensor]:
@@ -660,6 +998,8 @@ def _check_optimizer(path: Path, saved: Any, optimizer: Any) -> dict:
 
 
 def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
+    shared = checkpoint.shared
+    assert shared is not None
     if checkpoint.manifest.get("sharded"):
         fsdp.sharded_load(
             checkpoint.folder / SHARDED_FOLDER,
@@ -667,15 +1007,15 @@ def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
             run.objects.optimizers,
         )
     else:
-        for model, tensors in zip(run.objects.models, checkpoint.models, strict=True):
+        for model, tensors in zip(run.objects.models, shared.models, strict=True):
             _load_tensors(run.unwrap(model), tensors)
-        for optimizer, state in zip(run.objects.optimizers, checkpoint.optimizers, strict=True):
+        for optimizer, state in zip(run.objects.optimizers, shared.optimizers, strict=True):
             optimizer.load_state_dict(state)
-    for scheduler, state in zip(run.objects.schedulers, checkpoint.schedulers, strict=True):
+    for scheduler, state in zip(run.objects.schedulers, shared.schedulers, strict=True):
         scheduler.load_state_dict(state)
-    if checkpoint.scaler is not None:
-        run.objects.scaler.load_state_dict(checkpoint.scaler)
-    for obj, state in zip(run.objects.custom_objects, checkpoint.custom_objects, strict=True):
+    if shared.scaler is not None:
+        run.objects.scaler.load_state_dict(shared.scaler)
+    for obj, state in zip(run.objects.custom_objects, shared.custom_objects, strict=True):
         obj.load_state_dict(state)
     run.objects.step = checkpoint.loop["step"]
     if not checkpoint.random_states:  # saved by another number of processes
@@ -694,11 +1034,12 @@ def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
     set_rng_states(checkpoint.random_states)  # last: nothing after this may draw
 
 
-def _continue_numbering(run: CheckpointContext, folder: Path) -> None:
-    """After loading checkpoint_N, automatic naming saves checkpoint_N+1 next (as Accelerate)."""
+def _continue_numbering(run: CheckpointContext, folder: Path, next_number: int | None) -> None:
+    """After loading checkpoint_N, automatic naming saves checkpoint_N+1 next (as Accelerate),
+    or after the highest number another process holds (a save that did not complete)."""
     match = _NUMBERED.fullmatch(folder.name)
     if run.project.automatic_checkpoint_naming and match:
-        run.project.iteration = int(match.group(1)) + 1
+        run.project.iteration = next_number or int(match.group(1)) + 1
 
 
 # -- save_model and its loader ------------------------------------------------------------------

@@ -231,7 +231,13 @@ class GradientAccumulationPlugin:
 
 @dataclass
 class ProjectConfiguration:
-    """Where a project keeps its files (checkpoints and logs live under `project_dir`)."""
+    """Where a project keeps its files (checkpoints and logs live under `project_dir`).
+
+    `save_on_each_node=True` writes the files every process needs (weights,
+    optimizer, scheduler, ...) into every directory a checkpoint is saved
+    into, not only the main process's: for machines that each save to a disk
+    of their own (see `notebook_accel.checkpoint`).
+    """
 
     project_dir: str | None = None
     logging_dir: str | None = None
@@ -241,12 +247,6 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def __post_init__(self) -> None:
-        if self.save_on_each_node:
-            raise ValueError(
-                "save_on_each_node=True is not supported: checkpoints are written by the main "
-                "process, so every machine must see the same project_dir (a shared "
-                "filesystem). Leave save_on_each_node unset."
-            )
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 

@@ -294,6 +294,17 @@ class AcceleratorState(PartialState):
         if reset_partial_state:
             PartialState._reset_state()
 
+    def use_fsdp_plugin(self, plugin: Any) -> None:
+        """Record the newest Accelerator's FSDP plugin (or None): while one shards the
+        models of several processes, `distributed_type` is FSDP, as in Accelerate."""
+        self.fsdp_plugin = plugin
+        if not self.use_distributed:
+            self.distributed_type = DistributedType.NO
+        elif plugin is not None:
+            self.distributed_type = DistributedType.FSDP
+        else:
+            self.distributed_type = self.platform.distributed_type
+
     def __repr__(self) -> str:
         text = super().__repr__()
         if self.initialized:

@@ -5,6 +5,11 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass
 
+# Code written for Accelerate catches torch's ChildFailedError from a failed
+# launch, so WorkerError is one. Importing it costs about 10 ms once torch is
+# loaded, and everything that raises WorkerError has loaded torch already.
+from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
 
 @dataclass(frozen=True)
 class WorkerFailure:
@@ -36,13 +41,19 @@ class WorkerFailure:
         return f"worker rank {self.rank} {how}"
 
 
-class WorkerError(RuntimeError):
+class WorkerError(RuntimeError, ChildFailedError):
     """A worker raised, exited non-zero or was killed; the others were stopped.
 
     `rank`, `exitcode` and `traceback` describe the first failure (the cause);
     `failures` lists every worker that ended badly, the cause first. `ending`
     says what became of the workers (live workers may still be running).
+
+    It is also torch's `ChildFailedError` (what Accelerate's launcher raises),
+    so `except ChildFailedError` catches it; `get_first_failure()` gives the
+    cause's rank and `WorkerFailure`, and the message is this one's.
     """
+
+    name = "notebook_launcher"  # ChildFailedError's name of what failed
 
     def __init__(
         self, failures: list[WorkerFailure], ending: str = "the other workers were stopped."
@@ -62,6 +73,14 @@ class WorkerError(RuntimeError):
             others = ", ".join(f.describe() for f in self.failures[1:])
             lines += ["", f"Also ended: {others} (most likely a consequence)."]
         super().__init__("\n".join(lines))
+
+    def get_first_failure(self) -> tuple[int, WorkerFailure]:
+        """The rank and the failure that caused the others (ChildFailedError's API)."""
+        return self.rank, self.failures[0]
+
+    def format_msg(self, *args: object, **kwargs: object) -> str:
+        """The message (ChildFailedError's API)."""
+        return str(self)
 
     def __reduce__(self):
         return (type(self), (self.failures, self.ending))

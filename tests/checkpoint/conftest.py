@@ -1,0 +1,8 @@
+"""The checkpoint tests import their training run from separate_dirs.py, next to them."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
