@@ -7,17 +7,23 @@ parameter with a DTensor holding this process's shard. An optimizer created
 before sharding still points at the old parameters, so
 `switch_optimizer_parameters` swaps them for the shards.
 
-Checkpoints go through `torch.distributed.checkpoint` (DCP): every process
-writes its own shards (`sharded_save`) and reads back whatever part of them its
-own shards need (`sharded_load`), so a checkpoint saved by two processes loads
-on one or on four. `full_state_dict` gathers the whole weights on the main
-process.
+Checkpoints go through `torch.distributed.checkpoint` (DCP), in one of two
+layouts. Into one directory that every process sees, every process writes its
+own shards and the main process one index of them all (`sharded_save`); each
+process reads back whatever part of them its own shards need (`sharded_load`),
+so a checkpoint saved by two processes loads on one or on four. Where the
+processes save into directories of their own, each writes a DCP checkpoint of
+its own shards alone, index and replicated values included
+(`save_own_shards`), which it reads back by itself (`read_own_shards`, then
+`set_state`): the same number of processes with the same sharding only.
+`full_state_dict` gathers the whole weights on the main process.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -277,21 +283,155 @@ def sharded_load(
     process reads the parts its own parameters need.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import (
-        set_model_state_dict,
-        set_optimizer_state_dict,
-    )
 
     if not is_sharded_checkpoint(directory):
         raise FileNotFoundError(f"no sharded checkpoint (no {METADATA_FILE}) in {directory!r}.")
     state = _state(models, optimizers)
     dcp.load(state, checkpoint_id=directory, no_dist=not _distributed())
+    set_state(models, optimizers, state)
+
+
+def save_own_shards(
+    directory: str | os.PathLike,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+) -> None:
+    """Write this process's part of the models' and optimizers' state as a DCP checkpoint
+    of its own, which loads without any other process's files.
+
+    DCP saves without coordinating (`no_dist`): no other process's plan is
+    asked for, so `directory` gets this process's shards, an index of them
+    alone (`.metadata`) and its own copy of every value the processes hold
+    alike (an optimizer's `step`, which a coordinated save writes into one
+    process's file only). Each process needs a directory of its own.
+    """
+    import torch.distributed.checkpoint as dcp
+
+    with _without_single_process_warning():
+        dcp.save(_state(models, optimizers), checkpoint_id=directory, no_dist=True)
+
+
+def read_own_shards(
+    directory: str | os.PathLike,
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer] = (),
+) -> dict[str, Any]:
+    """Read what `save_own_shards` wrote into new tensors, changing no model or optimizer;
+    apply the result with `set_state`.
+
+    Raises ValueError, naming the first differences, when the saved shards are
+    not the ones this process holds (another number of processes, other FSDP
+    settings, a model that is not sharded now), or the directory cannot be read.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+    from torch.utils._pytree import tree_map_only
+
+    empty = [optimizer for optimizer in optimizers if not _inner(optimizer).state]
+    state = _state(models, optimizers)
+    # get_optimizer_state_dict makes the state of an optimizer that never stepped by
+    # stepping it once with lr=0; set_state does that again, so undo it until then.
+    for optimizer in empty:
+        _inner(optimizer).state.clear()
+    try:
+        saved = dcp.FileSystemReader(directory).read_metadata()
+    except Exception as error:  # missing, or a damaged pickle (which raises many kinds)
+        raise ValueError(f"its index cannot be read: {error}") from None
+    problems = _shard_problems(saved, state)
+    if problems:
+        raise ValueError("; ".join(problems[:3]) + (" ..." if len(problems) > 3 else ""))
+    loaded = tree_map_only(torch.Tensor, torch.empty_like, state)  # DTensors stay DTensors
+    try:
+        with _without_single_process_warning():
+            dcp.load(loaded, checkpoint_id=directory, no_dist=True)
+    except CheckpointException as error:  # a BaseException: DCP's wrapper of any failure
+        # Its text is the whole traceback; `failures` holds (exception, stack) per rank.
+        causes = [failure[0] for failure in error.failures.values()]
+        raise ValueError("; ".join(map(str, causes)) or str(error)) from None
+    return loaded
+
+
+def set_state(
+    models: Sequence[torch.nn.Module],
+    optimizers: Sequence[torch.optim.Optimizer],
+    state: dict[str, Any],
+) -> None:
+    """Load a state read by DCP (keys `model_<i>`, `optimizer_<i>`) into the models and
+    optimizers."""
+    from torch.distributed.checkpoint.state_dict import (
+        set_model_state_dict,
+        set_optimizer_state_dict,
+    )
+
     for index, model in enumerate(models):
         set_model_state_dict(model, state[f"model_{index}"])
     for index, optimizer in enumerate(optimizers):
         set_optimizer_state_dict(
             _owner(models, optimizer), _inner(optimizer), state[f"optimizer_{index}"]
         )
+
+
+def _shard_problems(saved: Any, state: dict[str, Any]) -> list[str]:
+    """How the tensors of the DCP index `saved` differ from the parts of `state` this
+    process holds; empty when each is the same part of the same whole.
+
+    DCP itself reads only where the saved and the held parts overlap, and leaves
+    the rest of a tensor as it was, so a checkpoint of other shards would load
+    half.
+    """
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    paths = saved.planner_data or {}  # each flattened key's place in the nested state
+    problems = []
+    for key, stored in saved.state_dict_metadata.items():
+        if not isinstance(stored, TensorStorageMetadata):
+            continue
+        held = _element(state, paths.get(key, (key,)))
+        if not isinstance(held, torch.Tensor):
+            problems.append(f"{key} is saved but is not in this run's models and optimizers")
+            continue
+        kept = [(tuple(c.offsets), tuple(c.sizes)) for c in stored.chunks]
+        if tuple(stored.size) != tuple(held.size()) or kept != _chunks(held):
+            problems.append(
+                f"{key} was saved as {_described(kept, stored.size)}, this process holds "
+                f"{_described(_chunks(held), held.size())}"
+            )
+    return problems
+
+
+def _element(state: Any, path: Sequence[Any]) -> Any:
+    """The value at `path` (keys and indices) in the nested `state`, or None."""
+    for part in path:
+        try:
+            state = state[part]
+        except (KeyError, IndexError, TypeError):
+            return None
+    return state
+
+
+def _chunks(tensor: torch.Tensor) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+    """The (offsets, sizes) of the parts of `tensor` this process holds, as DCP indexes them."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tensor, DTensor):  # DTensor's own answer to DCP
+        return [(tuple(c.offsets), tuple(c.sizes)) for c in tensor.__create_chunk_list__()]
+    return [((0,) * tensor.dim(), tuple(tensor.size()))]
+
+
+def _described(chunks: list[tuple[tuple[int, ...], ...]], size: Sequence[int]) -> str:
+    whole = [((0,) * len(size), tuple(size))]
+    if chunks == whole:
+        return f"the whole {list(size)}"
+    parts = ", ".join(f"{list(sizes)} at {list(offsets)}" for offsets, sizes in chunks)
+    return f"the part {parts} of {list(size)}"
+
+
+@contextlib.contextmanager
+def _without_single_process_warning() -> Iterator[None]:
+    """DCP warns that distributed is off whenever `no_dist` is asked for on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        yield
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

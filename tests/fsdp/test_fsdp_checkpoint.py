@@ -9,8 +9,10 @@ save_model gathers the whole weights into one file on the main process.
 from __future__ import annotations
 
 import os
+import re
 import warnings
 
+import pytest
 import torch
 
 from notebook_accel import Accelerator, load_model_weights, notebook_launcher
@@ -119,3 +121,42 @@ def test_sharded_save_then_load_on_two_and_on_one_worker(tmp_path):
     plain = _model(seed=2)
     load_model_weights(plain, tmp_path / "weights")
     _assert_weights_equal(plain.state_dict(), saved["saved"])
+
+
+def _trained(model: torch.nn.Module) -> torch.optim.Optimizer:
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model(torch.randn(2, FEATURES)).sum().backward()
+    optimizer.step()
+    return optimizer
+
+
+def test_own_shards_read_back_exactly_and_refuse_another_model_changing_nothing(tmp_path):
+    from notebook_accel import fsdp
+
+    saved = _model(seed=0)
+    optimizer = _trained(saved)
+    fsdp.save_own_shards(tmp_path / "own", [saved], [optimizer])
+    assert sorted(os.listdir(tmp_path / "own")) == [".metadata", "__0_0.distcp"]
+
+    model = _model(seed=1)
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.01)
+    fsdp.set_state([model], [fresh], fsdp.read_own_shards(tmp_path / "own", [model], [fresh]))
+    _assert_weights_equal(model.state_dict(), saved.state_dict())
+    for mine, theirs in zip(fresh.state.values(), optimizer.state.values(), strict=True):
+        assert all(torch.equal(mine[key], theirs[key]) for key in ("step", "exp_avg", "exp_avg_sq"))
+
+    wider = torch.nn.Sequential(torch.nn.Linear(FEATURES, 64), torch.nn.Tanh())
+    deeper = torch.nn.Sequential(*_model(seed=1), torch.nn.Linear(1, 1))
+    cases = [
+        (wider, "model_0.0.weight was saved as the whole [32, 8], this process holds the whole"),
+        (deeper, "Missing key in checkpoint state_dict: model_0.5.weight"),
+    ]
+    for other, expected in cases:
+        before = {name: value.clone() for name, value in other.state_dict().items()}
+        untouched = torch.optim.AdamW(other.parameters(), lr=0.01)
+        with pytest.raises(ValueError, match=re.escape(expected)):
+            fsdp.read_own_shards(tmp_path / "own", [other], [untouched])
+        _assert_weights_equal(other.state_dict(), before)
+        assert not untouched.state  # not even the state DCP makes by stepping once
+    with pytest.raises(ValueError, match="its index cannot be read"):
+        fsdp.read_own_shards(tmp_path / "elsewhere", [model], [fresh])
