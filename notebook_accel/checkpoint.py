@@ -15,6 +15,9 @@ A checkpoint is a directory (file names follow Accelerate's):
     sharded/                                      instead of the model and optimizer files when
                                                   the models are sharded (FSDP): each rank's
                                                   shards, through torch.distributed.checkpoint
+                                                  (sharded/rank_{rank}/ for each process when
+                                                  the processes save into directories of
+                                                  their own; see below)
 
 Processes need not share a directory. Each saves into the directory it was
 given (`output_dir`, or `project_dir/checkpoints/checkpoint_N`), wherever that
@@ -70,12 +73,26 @@ whose size did not is named too; if any process finds a problem, every
 process raises `CheckpointError` and no state is overwritten. Checkpoints
 written before checksums were recorded load with the size check only.
 
-A sharded checkpoint also loads on a different number of processes (one
-model or the whole weights, as each rank needs them); the random generators
-and DataLoader positions are per process and are then left as they are. It
-needs one directory that every process shares: torch.distributed.checkpoint
-indexes every shard in one metadata file, and stores a value that several
-processes hold once, in the file of whichever process it picks.
+Sharded (FSDP) models are saved in one of two layouts:
+
+- Every process saves into one directory: torch.distributed.checkpoint (DCP)
+  writes each process's shards and indexes them all in one metadata file
+  (`sharded/`). Such a checkpoint also loads on a different number of
+  processes (one model or the whole weights, as each rank needs them); the
+  random generators and DataLoader positions are per process and are then
+  left as they are.
+- The processes save into directories of their own: one index of every
+  shard could not be read from another disk, and DCP stores a value that
+  several processes hold alike (an optimizer's `step`) in one process's
+  file only. So each process writes a DCP checkpoint of its own shards
+  alone into `sharded/rank_{rank}/` (its shards, an index of them, its own
+  copy of those values), and loads it back by itself. It loads only on the
+  same number of processes with the same sharding: another number is
+  refused before anything is read, and shards other than the ones a process
+  holds (other FSDP settings, a model not sharded now) when they are read,
+  before anything is changed. To go to another number of processes, save
+  from a run whose processes share one directory, or write the whole
+  weights with `save_model`.
 
 The file system must show a file that one process wrote to the others that
 share its directory once they list the directory after a barrier (local
@@ -328,15 +345,15 @@ def _complete(
     """
     leader = sharing.leads(run.process_index)
     sharded = any(fsdp.is_sharded(model) for model in run.unwrapped_models())
-    if sharded and sharing.directories > 1:
-        raise CheckpointError(
-            "sharded (FSDP) checkpoints need one directory that every process saves into; "
-            f"these processes were given {sharing.directories}. Give every process the same "
-            "output_dir (project_dir) on a file system they all share."
-        )
+    # One directory: DCP indexes every process's shards together (they reshard on load).
+    # Several: each process's shards load by themselves, from its own directory.
+    per_process = sharded and sharing.directories > 1
     if leader:
         _tidy(target, partial, sharing.saved)
-    if sharded:  # every rank writes its own shards
+    if per_process:
+        shards = partial / _own_shards(run.process_index)
+        fsdp.save_own_shards(shards, run.unwrapped_models(), run.objects.optimizers)
+    elif sharded:  # every rank writes its own shards, the main process the index
         fsdp.sharded_save(partial / SHARDED_FOLDER, run.unwrapped_models(), run.objects.optimizers)
     shared = leader and (run.is_main_process or run.project.save_on_each_node)
     if shared:
@@ -345,10 +362,23 @@ def _complete(
     problem = None
     if leader:
         try:
-            _write_manifest(run, partial, save_id, sharing, sharded=sharded, shared=shared)
+            _write_manifest(
+                run,
+                partial,
+                save_id,
+                sharing,
+                sharded=sharded,
+                shared=shared,
+                shards_per_process=per_process,
+            )
         except CheckpointError as error:
             problem = error
     _raise_if_any(run, problem)
+
+
+def _own_shards(rank: int) -> str:
+    """Where in its directory a process keeps shards that load by themselves."""
+    return f"{SHARDED_FOLDER}/rank_{rank}"
 
 
 def _agree_on_targets(
@@ -502,6 +532,7 @@ def _write_manifest(
     sharing: _Sharing,
     sharded: bool,
     shared: bool,
+    shards_per_process: bool = False,
 ) -> None:
     paths = [path for path in sorted(folder.rglob("*")) if path.is_file()]
     files = {path.relative_to(folder).as_posix(): path.stat().st_size for path in paths}
@@ -525,6 +556,7 @@ def _write_manifest(
         "ranks": list(sharing.ranks),
         "shared": shared,  # whether the files every process needs are here
         "sharded": sharded,
+        "shards_per_process": shards_per_process,  # loads on the same world size only
         "mixed_precision": run.mixed_precision,
         "iteration": run.project.iteration,
         **run.objects.counts(),  # load_state refuses a run with other objects
@@ -532,7 +564,8 @@ def _write_manifest(
         "checksums": checksums,
     }
     _write_file(folder / MANIFEST, manifest, _write_json)
-    _fsync(folder)  # the names of every process's files, before the commit
+    for directory in [path for path in folder.rglob("*") if path.is_dir()] + [folder]:
+        _fsync(directory)  # the names of every process's files, before the commit
 
 
 def _commit(partial: Path, target: Path) -> None:
@@ -723,6 +756,7 @@ class _Checkpoint:
     shared: _Shared | None = None  # None: not in this directory (the main process sends them)
     random_states: dict = field(default_factory=dict)
     loop: dict = field(default_factory=dict)
+    shards: dict | None = None  # this process's own shards, read (shards saved per process)
 
 
 def load_state(run: CheckpointContext, input_dir: str | os.PathLike | None) -> Path:
@@ -840,7 +874,24 @@ def _read(run: CheckpointContext, folder: Path) -> _Checkpoint:
     rank = run.process_index
     checkpoint.random_states = _read_pickle(folder / f"random_states_{rank}.pkl")
     checkpoint.loop = _read_pickle(folder / f"loop_state_{rank}.pkl")
+    if manifest.get("shards_per_process"):
+        checkpoint.shards = _read_own_shards(run, folder)
     return checkpoint
+
+
+def _read_own_shards(run: CheckpointContext, folder: Path) -> dict:
+    """This process's shards, read into new tensors and checked against the ones it holds."""
+    shards = folder / _own_shards(run.process_index)
+    try:
+        return fsdp.read_own_shards(shards, run.unwrapped_models(), run.objects.optimizers)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{shards} does not hold the shards this process has: {error}. Shards saved into "
+            "directories of their own load only on the same number of processes with the "
+            "same FSDP settings; to load otherwise, save from a run whose processes share "
+            "one directory (its shards reshard on load), or write the whole weights with "
+            "save_model() and read them with load_model_weights()."
+        ) from None
 
 
 def _read_shared(run: CheckpointContext, folder: Path, manifest: dict) -> _Shared:
@@ -921,6 +972,16 @@ def _check_setup(run: CheckpointContext, folder: Path, manifest: dict) -> None:
     """The checkpoint was made by a run shaped like this one, and holds this process's files."""
     path = folder / MANIFEST
     same_world = manifest["world_size"] == run.num_processes
+    if not same_world and manifest.get("shards_per_process"):
+        raise CheckpointError(
+            f"{path}: saved by {manifest['world_size']} processes into directories of their "
+            f"own, each with its own shards of the sharded (FSDP) models, but this run has "
+            f"{run.num_processes}. Such shards load only on the processes that saved them: "
+            f"resume with num_processes={manifest['world_size']} and the same FSDP settings. "
+            "To load on another number of processes, save from a run whose processes share "
+            "one directory (its shards reshard on load), or write the whole weights with "
+            "save_model() and read them with load_model_weights()."
+        )
     if not same_world and not manifest.get("sharded"):
         raise CheckpointError(
             f"{path}: saved by {manifest['world_size']} processes, but this run has "
@@ -1000,7 +1061,9 @@ def _check_optimizer(path: Path, saved: Any, optimizer: Any) -> dict:
 def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
     shared = checkpoint.shared
     assert shared is not None
-    if checkpoint.manifest.get("sharded"):
+    if checkpoint.shards is not None:
+        fsdp.set_state(run.unwrapped_models(), run.objects.optimizers, checkpoint.shards)
+    elif checkpoint.manifest.get("sharded"):
         fsdp.sharded_load(
             checkpoint.folder / SHARDED_FOLDER,
             run.unwrapped_models(),

@@ -4,8 +4,9 @@
 shuffled, seedable loader (6 steps per epoch whatever the world size), saving
 and resuming as its arguments say. Each process saves into `base`, or into
 `base/rank<N>` with `per_rank=True`; a test gives each loopback "node" its own
-`base`. Runs that stop, crash or restart somewhere must end with the weights
-of a run that never stopped, bit for bit.
+`base`. With `fsdp=True` the model is sharded (FSDP2) instead of replicated
+(DDP). Runs that stop, crash or restart somewhere must end with the weights of
+a run that never stopped, bit for bit.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import (
     Accelerator,
+    CheckpointError,
     DataLoaderConfiguration,
     DistributedDataParallelKwargs,
+    FullyShardedDataParallelPlugin,
     ProjectConfiguration,
     latest_checkpoint,
     set_seed,
 )
 from notebook_accel import checkpoint as checkpoint_module
+from notebook_accel import fsdp as fsdp_module
 
 BATCH, STEPS_PER_EPOCH, EPOCHS = 4, 6, 3
 
@@ -79,6 +83,7 @@ def train(
     save_every: int | None = None,
     kill: dict | None = None,
     fixed_buckets: bool = False,
+    fsdp: bool = False,
 ) -> dict | None:
     """Train 3 epochs, resuming from what this process's directory holds.
 
@@ -90,11 +95,14 @@ def train(
     two processes the order decides how gloo rounds each sum, and a resumed
     run's DDP starts again from the first order: it ends about 1e-8 away
     from an uninterrupted run (2 x 2 workers, measured) unless the order is fixed.
+    fsdp: shard the model with FSDP2 (every submodule of 16 parameters or more
+    its own group); the weights returned are then the whole ones.
     """
     folder = directory(base, per_rank)
     set_seed(0, device_specific=True)  # each rank its own dropout masks
     accelerator = Accelerator(
         kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=fixed_buckets)],
+        fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=16) if fsdp else None,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         project_config=ProjectConfiguration(
             project_dir=str(folder),
@@ -102,18 +110,7 @@ def train(
             save_on_each_node=save_on_each_node,
         ),
     )
-    model = torch.nn.Sequential(
-        torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Linear(16, 1)
-    )
-    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
-    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.8)
-    samples = BATCH * STEPS_PER_EPOCH * accelerator.num_processes
-    g = torch.Generator().manual_seed(1)
-    data = TensorDataset(torch.randn(samples, 4, generator=g), torch.randn(samples, 1, generator=g))
-    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
-    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
-    counter = StepCounter()
-    accelerator.register_for_checkpointing(counter)
+    model, optimizer, loader, scheduler, counter = _prepared(accelerator)
     if kill is not None:
         checkpoint_module.after_written = kill_in_commit(**kill)
     state = folder / "state"
@@ -137,8 +134,50 @@ def train(
                 return None
             if save_every and counter.steps % save_every == 0:
                 save()
-    weights = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
+    parameters = accelerator.unwrap_model(model).parameters()
+    weights = [fsdp_module.full_tensor(p.detach()).clone() for p in parameters]
     return {"weights": weights, "steps": counter.steps}
+
+
+def _prepared(accelerator: Accelerator) -> tuple:
+    """The run's model, optimizer, loader, scheduler and step counter, prepared."""
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.8)
+    samples = BATCH * STEPS_PER_EPOCH * accelerator.num_processes
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(samples, 4, generator=g), torch.randn(samples, 1, generator=g))
+    loader = DataLoader(data, batch_size=BATCH, shuffle=True)
+    model, optimizer, loader, scheduler = accelerator.prepare(model, optimizer, loader, scheduler)
+    counter = StepCounter()
+    accelerator.register_for_checkpointing(counter)
+    return model, optimizer, loader, scheduler, counter
+
+
+def try_to_load(folder: str, fsdp: bool) -> tuple[str | None, bool]:
+    """load_state(folder) in a run set up as `train`'s (sharded with `fsdp`): the
+    CheckpointError's message, if any, and whether weights, optimizer state, step
+    counter and learning rate are as they were."""
+    accelerator = Accelerator(
+        fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=16) if fsdp else None
+    )
+    model, optimizer, _, scheduler, counter = _prepared(accelerator)
+
+    def state() -> list:
+        parameters = accelerator.unwrap_model(model).parameters()
+        weights = [fsdp_module.full_tensor(p.detach()).clone() for p in parameters]
+        return [weights, len(optimizer.state), counter.steps, scheduler.get_last_lr()]
+
+    before = state()
+    try:
+        accelerator.load_state(folder)
+    except CheckpointError as error:
+        after = state()
+        unchanged = same_weights(after[0], before[0]) and after[1:] == before[1:]
+        return str(error), unchanged
+    return None, False
 
 
 def same_weights(ours: list[torch.Tensor], reference: list[torch.Tensor]) -> bool:

@@ -5,8 +5,9 @@ temporary directory; machines without a shared file system are the same case.
 Each directory holds its process's own files; the main process's (and with
 save_on_each_node every one) the weights and the rest; a resume is bit for
 bit; a kill while the directories are committed leaves the previous save
-loadable from every directory; directories of two different saves, or a
-sharded model, are refused on every process before anything changes.
+loadable from every directory; directories of two different saves are
+refused on every process before anything changes. (Sharded models:
+test_sharded_separate_directories.py.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ import torch
 
 from notebook_accel import Accelerator, CheckpointError, WorkerError, notebook_launcher
 from notebook_accel.checkpoint import MANIFEST, _choose_save, _saved_id
-from notebook_accel.kwargs import FullyShardedDataParallelPlugin
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -141,22 +141,6 @@ def test_directories_of_two_different_saves_are_refused_on_every_process(tmp_pat
 
 def _load_per_rank(base):
     return _try_to_load(os.path.join(base, f"rank{os.environ['RANK']}"))
-
-
-def _save_sharded(base):
-    accelerator = Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin())
-    accelerator.prepare(torch.nn.Linear(4, 4))
-    try:
-        accelerator.save_state(os.path.join(base, f"rank{accelerator.process_index}"))
-    except CheckpointError as error:
-        return str(error)
-
-
-def test_a_sharded_model_saved_into_two_directories_is_refused_on_every_process(tmp_path):
-    results = _launch(_save_sharded, str(tmp_path))
-    for error in results:
-        assert "sharded (FSDP) checkpoints need one directory" in error
-    assert sorted(p.name for p in tmp_path.iterdir()) == []  # nothing committed, nothing left
 
 
 @pytest.mark.parametrize(
