@@ -5,7 +5,9 @@ node 0's directory, node 1's only node 1's. A run that stops mid-epoch
 resumes bit for bit; a worker killed on node 1 while the save of a
 checkpoint is being committed (node 0 has committed it, node 1 not) leaves
 the previous checkpoint loadable in both directories, and the resumed run
-still ends with the weights of a run that never stopped.
+still ends with the weights of a run that never stopped. A model sharded
+over the 4 processes (FSDP2) resumes bit for bit too, each process's shards
+saved on its own node.
 """
 
 from __future__ import annotations
@@ -109,3 +111,30 @@ def test_a_kill_during_the_save_on_one_node_leaves_every_directory_loadable(tmp_
         assert separate_dirs.same_weights(ours, theirs)
     # Numbering went on after the half-committed checkpoint_1 (saves at 6, ..., 18).
     assert [p.name for p in list_checkpoints(checkpoints[1])][-1] == "checkpoint_6"
+
+
+@pytest.fixture(scope="module")
+def sharded_reference(tmp_path_factory):
+    """Every rank's whole weights after a sharded 2 x 2 run that never stops."""
+    return _weights(_two_nodes(tmp_path_factory.mktemp("sharded"), fsdp=True))
+
+
+@pytest.mark.timeout(600)
+def test_a_sharded_model_saves_each_rank_s_shards_on_its_node_and_resumes_bit_for_bit(
+    tmp_path, sharded_reference
+):
+    assert _two_nodes(tmp_path, fsdp=True, stop_at=9) == [[None, None]] * 2
+    folders = [tmp_path / f"node{node}" / "checkpoints" / "checkpoint_0" for node in (0, 1)]
+    for node, folder in enumerate(folders):
+        ranks = [2 * node, 2 * node + 1]
+        assert _manifest(folder)["ranks"] == ranks and _manifest(folder)["shards_per_process"]
+        assert sorted(p.name for p in (folder / "sharded").iterdir()) == [
+            f"rank_{rank}" for rank in ranks
+        ]
+    # Without save_on_each_node node 1 holds no shared files: they come from node 0.
+    assert not (folders[1] / "scheduler.bin").exists()
+
+    resumed = _two_nodes(tmp_path, fsdp=True)
+    assert [r["steps"] for node in resumed for r in node] == [18] * 4
+    for ours, theirs in zip(_weights(resumed), sharded_reference, strict=True):
+        assert separate_dirs.same_weights(ours, theirs)
