@@ -128,6 +128,8 @@ class Accelerator:
         self.state.mixed_precision = self.precision.name
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
         self.profile_handler = handlers.get(ProfileKwargs)
+        if self.ddp_kwargs is not None:
+            comm_hooks.check(self.ddp_kwargs, self.state.backend)
         self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
         self.dynamo_plugin = compiling.plugin_for(
             dynamo_backend, dynamo_plugin, compile, self.state.platform.compile_problem

@@ -12,6 +12,16 @@ from torch.nn.parallel import DistributedDataParallel
 from notebook_accel.kwargs import DDPCommunicationHookType, DistributedDataParallelKwargs
 
 
+def check(kwargs: DistributedDataParallelKwargs, backend: str | None) -> None:
+    """Refuse a bf16 hook where torch cannot run one (it needs NCCL or XCCL), before training."""
+    bf16 = DDPCommunicationHookType.BF16
+    if bf16 in (kwargs.comm_hook, kwargs.comm_wrapper) and backend not in (None, "nccl", "xccl"):
+        raise ValueError(
+            f"bf16 gradient compression needs GPU processes (NCCL); these processes use "
+            f"{backend}. Use comm_hook='fp16' (or comm_wrapper='fp16') here."
+        )
+
+
 def register(model: DistributedDataParallel, kwargs: DistributedDataParallelKwargs) -> None:
     """Register the hook `kwargs` names (if any) on the DDP `model`."""
     hook_type = kwargs.comm_hook
