@@ -946,9 +946,9 @@ def _launcher_owns_process_group() -> bool:
     They install where the function's metrics go, and leave the process group
     themselves when it returns.
     """
-    from notebook_accel.launch.destination import Destination, current
+    from notebook_accel.launch.destination import current
 
-    return current() != Destination()
+    return current().metric is not None
 
 
 def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:

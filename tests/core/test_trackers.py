@@ -197,3 +197,35 @@ def test_only_the_main_process_tracks_and_the_launch_keeps_its_process_group(tmp
         {"blank": True, "group_kept": True},
     ]
     assert _scalars(tmp_path / "run") == {"rank_seen": [(0, 0.0)]}
+
+
+SCRIPT = """
+import torch.distributed as dist
+from notebook_accel import Accelerator
+
+accelerator = Accelerator(log_with="tensorboard", project_dir="logs")
+accelerator.init_trackers("script")
+accelerator.log({"loss": 1.0}, step=0)
+accelerator.end_training()
+with open(f"rank{accelerator.process_index}.txt", "w") as out:
+    out.write(f"group left {not dist.is_initialized()}")
+"""
+
+
+def test_in_a_launched_script_end_training_leaves_the_process_group(tmp_path):
+    import os
+    import subprocess
+
+    (tmp_path / "train.py").write_text(SCRIPT)
+    done = subprocess.run(
+        [sys.executable, "-m", "notebook_accel.cli", "launch", "--num-processes", "2", "train.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, "NOTEBOOK_ACCEL_BACKEND": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for rank in (0, 1):
+        assert (tmp_path / f"rank{rank}.txt").read_text() == "group left True"
+    assert _scalars(tmp_path / "logs" / "script") == {"loss": [(0, 1.0)]}
