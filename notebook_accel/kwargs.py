@@ -184,9 +184,14 @@ class ProfileKwargs(KwargsHandler):
 
         activities = None
         if self.activities is not None:
-            activities = [
-                getattr(torch.profiler.ProfilerActivity, str(a).upper()) for a in self.activities
-            ]
+            known = torch.profiler.ProfilerActivity
+            missing = [a for a in self.activities if not hasattr(known, str(a).upper())]
+            if missing:
+                raise ValueError(
+                    f"this torch cannot profile {missing[0]!r}; it knows "
+                    f"{', '.join(sorted(n.lower() for n in known.__members__))}."
+                )
+            activities = [getattr(known, str(a).upper()) for a in self.activities]
         schedule = None
         if self.schedule_option is not None:
             schedule = torch.profiler.schedule(**self.schedule_option)

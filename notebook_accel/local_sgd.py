@@ -44,6 +44,13 @@ class LocalSGD:
                 f"LocalSGD averages DDP models on CPU or GPU processes; this run is "
                 f"{accelerator.distributed_type}. Leave LocalSGD out (enabled=False)."
             )
+        from notebook_accel import fsdp
+
+        if fsdp.is_sharded(accelerator.unwrap_model(model)):
+            raise NotImplementedError(
+                "LocalSGD averages whole models; this one is sharded with FSDP, where each "
+                "process holds different parameters. Use it with DDP (no fsdp_plugin)."
+            )
         if enabled and (local_sgd_steps is None or int(local_sgd_steps) < 1):
             raise ValueError(f"local_sgd_steps={local_sgd_steps!r} must be 1 or more.")
         self.enabled = enabled and accelerator.distributed_type != DistributedType.NO

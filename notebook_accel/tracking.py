@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+import warnings
 from enum import Enum
 from typing import Any
 
@@ -487,6 +488,12 @@ class Trackers:
             raise ValueError(
                 f"log_with={needs_dir[0]!r} writes its logs to a directory: pass "
                 "Accelerator(project_dir=...) or a ProjectConfiguration with logging_dir."
+            )
+        if log_with is not None and not wanted:
+            warnings.warn(
+                f"log_with={log_with!r} starts no tracker: none is installed (pip install "
+                "tensorboard, for one). accelerator.log still reaches the notebook.",
+                stacklevel=3,
             )
         self.log_with = list(dict.fromkeys(wanted))  # "all" next to a named one: once
         self.logging_dir = logging_dir

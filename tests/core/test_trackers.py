@@ -229,3 +229,11 @@ def test_in_a_launched_script_end_training_leaves_the_process_group(tmp_path):
     for rank in (0, 1):
         assert (tmp_path / f"rank{rank}.txt").read_text() == "group left True"
     assert _scalars(tmp_path / "logs" / "script") == {"loss": [(0, 1.0)]}
+
+
+def test_all_with_no_tracker_installed_warns_and_logs_to_the_notebook_only(monkeypatch):
+    monkeypatch.setattr(probes, "package_available", lambda name: False)
+    with pytest.warns(UserWarning, match="starts no tracker: none is installed"):
+        accelerator = Accelerator(cpu=True, log_with="all")
+    accelerator.init_trackers("p")
+    assert accelerator.trackers == []

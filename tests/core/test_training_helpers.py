@@ -115,6 +115,15 @@ def test_a_bf16_hook_on_cpu_workers_is_refused_with_the_way_out():
         notebook_launcher(_bf16_hook, num_processes=2, backend="cpu", timeout=100)
 
 
+def test_profile_options_are_checked():
+    from notebook_accel import ProfileKwargs
+
+    with pytest.raises(ValueError, match="activities has 'gpu'; choose among cpu, cuda"):
+        ProfileKwargs(activities=["gpu"])
+    with pytest.raises(ValueError, match="schedule_option has 'wiat'"):
+        ProfileKwargs(schedule_option={"wiat": 1})
+
+
 def test_hook_options_are_checked_before_anything_starts():
     assert (
         DistributedDataParallelKwargs(comm_hook="fp16").comm_hook is DDPCommunicationHookType.FP16
