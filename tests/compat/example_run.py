@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import faulthandler
 import io
 import os
 import sys
@@ -29,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import offline_hub  # noqa: E402
+
+HANG_REPORT_SECONDS = 120
 
 
 class _Porter(ast.NodeTransformer):
@@ -73,7 +76,11 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
     os.environ.update(env)
     if target == "accelerate":
         os.environ["ACCELERATE_USE_CPU"] = "true"  # what `accelerate launch --cpu` sets
+    if target == "accelerate":
+        _barrier_before_leaving_the_group()
     offline_hub.install()
+    # Where a run hangs, its stacks reach the test's output.
+    faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
     rank = os.environ.get("RANK", "0")
     printed = io.StringIO()
     try:
@@ -85,7 +92,31 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         printed.write(traceback.format_exc())
         raise
     finally:
+        faulthandler.cancel_dump_traceback_later()
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
+
+
+def _barrier_before_leaving_the_group() -> None:
+    """Accelerate's `end_training` with a barrier first, for its reference runs.
+
+    It leaves the gloo process group straight after the last collective; then,
+    about one run in ten here, one rank never returns from tearing the group
+    down (in C++, after `training_function` returned) while the other has
+    exited. A barrier right before leaving avoids it (what notebook_accel's own
+    `end_training` and launcher do). What the scripts print is not changed.
+    """
+    from accelerate import Accelerator
+
+    leave = Accelerator.end_training
+    if getattr(leave, "with_barrier", False):
+        return
+
+    def end_training(self) -> None:
+        self.wait_for_everyone()
+        leave(self)
+
+    end_training.with_barrier = True
+    Accelerator.end_training = end_training
 
 
 def _main() -> None:
