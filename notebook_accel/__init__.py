@@ -50,6 +50,12 @@ _EXPORTS = {
     "GradScalerKwargs": "notebook_accel.kwargs",
     "InitProcessGroupKwargs": "notebook_accel.kwargs",
     "ProjectConfiguration": "notebook_accel.kwargs",
+    "ProfileKwargs": "notebook_accel.kwargs",
+    "DDPCommunicationHookType": "notebook_accel.kwargs",
+    "find_executable_batch_size": "notebook_accel.batch_size",
+    "GeneralTracker": "notebook_accel.tracking",
+    "LoggerType": "notebook_accel.tracking",
+    "LocalSGD": "notebook_accel.local_sgd",
     "CheckpointError": "notebook_accel.checkpoint",
     "latest_checkpoint": "notebook_accel.checkpoint",
     "load_model_weights": "notebook_accel.checkpoint",
@@ -64,6 +70,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
     from notebook_accel.accelerator import Accelerator
+    from notebook_accel.batch_size import find_executable_batch_size
     from notebook_accel.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
     from notebook_accel.config import LaunchSettings
     from notebook_accel.data import prepare_data_loader, skip_first_batches
@@ -71,11 +78,13 @@ if TYPE_CHECKING:
         AORecipeKwargs,
         AutocastKwargs,
         DataLoaderConfiguration,
+        DDPCommunicationHookType,
         DistributedDataParallelKwargs,
         FullyShardedDataParallelPlugin,
         GradientAccumulationPlugin,
         GradScalerKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
         ProjectConfiguration,
         TorchDynamoPlugin,
     )
@@ -83,11 +92,13 @@ if TYPE_CHECKING:
     from notebook_accel.launch.launcher import last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
     from notebook_accel.live import LiveWorkers, start_workers
+    from notebook_accel.local_sgd import LocalSGD
     from notebook_accel.logging import get_logger
     from notebook_accel.platforms import DistributedType, Hardware, detect_hardware
     from notebook_accel.progress import progress_bar, set_progress_hook
     from notebook_accel.seeding import set_seed
     from notebook_accel.state import AcceleratorState, PartialState
+    from notebook_accel.tracking import GeneralTracker, LoggerType
     from notebook_accel.training import GradientState
     from notebook_accel.ui.panel import LaunchPanel, panel
 

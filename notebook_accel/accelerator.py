@@ -18,7 +18,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel import adapters, checkpoint, fp8, fsdp, interrupts, ops
+from notebook_accel import adapters, checkpoint, comm_hooks, fp8, fsdp, interrupts, ops, profiling
 from notebook_accel import compile as compiling
 from notebook_accel.config import LaunchSettings
 from notebook_accel.data import DataLoaderShard, SkipFirstBatches, prepare_data_loader
@@ -32,6 +32,7 @@ from notebook_accel.kwargs import (
     GradScalerKwargs,
     InitProcessGroupKwargs,
     KwargsHandler,
+    ProfileKwargs,
     ProjectConfiguration,
     TorchDynamoPlugin,
 )
@@ -40,6 +41,7 @@ from notebook_accel.nested import apply_to_tensors
 from notebook_accel.precision import Precision, restore_forward
 from notebook_accel.registry import TrainingObjects
 from notebook_accel.state import AcceleratorState, DistributedType
+from notebook_accel.tracking import Trackers
 from notebook_accel.training import AcceleratedOptimizer, AcceleratedScheduler, GradientState
 
 
@@ -58,7 +60,8 @@ class Accelerator:
         cpu: train on the CPU even when a GPU is present.
         dataloader_config: how DataLoaders are sharded.
         kwargs_handlers: AutocastKwargs, GradScalerKwargs, AORecipeKwargs (fp8),
-            DistributedDataParallelKwargs and InitProcessGroupKwargs objects.
+            DistributedDataParallelKwargs (with a communication hook),
+            InitProcessGroupKwargs and ProfileKwargs objects.
         step_scheduler_with_optimizer: schedulers advance only with real optimizer steps.
         project_dir / project_config: where the project's files go.
         device_placement: move models and batches to the device.
@@ -69,6 +72,9 @@ class Accelerator:
             settings, or (`compile=True`) the default backend.
         gradient_accumulation_plugin: the accumulation steps and how they sync
             (instead of `gradient_accumulation_steps`).
+        log_with: experiment trackers for `log` (besides the notebook's live view):
+            "all" (every installed one), names ("tensorboard", "wandb", "mlflow",
+            ...), `GeneralTracker` objects, or a list of them. See `init_trackers`.
     """
 
     def __init__(
@@ -89,6 +95,7 @@ class Accelerator:
         dynamo_plugin: TorchDynamoPlugin | None = None,
         compile: bool = False,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
+        log_with: Any = None,
     ) -> None:
         launch = LaunchSettings.from_env()
         handlers = _sort_handlers(kwargs_handlers or [])
@@ -121,6 +128,9 @@ class Accelerator:
         )
         self.state.mixed_precision = self.precision.name
         self.ddp_kwargs = handlers.get(DistributedDataParallelKwargs)
+        self.profile_handler = handlers.get(ProfileKwargs)
+        if self.ddp_kwargs is not None:
+            comm_hooks.check(self.ddp_kwargs, self.state.backend)
         self.fsdp_plugin = fsdp.plugin_for(fsdp_plugin, launch)
         self.state.use_fsdp_plugin(self.fsdp_plugin)
         self.dynamo_plugin = compiling.plugin_for(
@@ -154,6 +164,8 @@ class Accelerator:
                 stacklevel=2,
             )
         self.rng_types = rng_types
+        # Checked now, so a tracker name or package that is wrong fails before training.
+        self._trackers = Trackers(log_with, self.logging_dir)
         self.flag_tensor: torch.Tensor | None = None
         # Everything prepared or registered, in order: what checkpoints save.
         self._objects = TrainingObjects(scaler=self.precision.scaler)
@@ -354,6 +366,8 @@ class Accelerator:
                 kwargs = self.state.platform.ddp_kwargs(self.device)
                 kwargs.update(self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {})
                 model = DistributedDataParallel(model, **kwargs)
+                if self.ddp_kwargs is not None:
+                    comm_hooks.register(model, self.ddp_kwargs)
         if self.dynamo_plugin is not None:
             model = compiling.compile_model(model, self.dynamo_plugin)
         self._objects.models[-1] = model
@@ -708,18 +722,81 @@ class Accelerator:
         log_kwargs: dict | None = None,
         main_process_only: bool = True,
     ) -> None:
-        """Send metrics to the notebook: the live view, the loss curve and `last_run()`.
+        """Send metrics to the trackers and to the notebook (live view, loss curve, `last_run()`).
 
         As in Accelerate, only the main process logs unless `main_process_only=False`
-        (then every rank's values arrive, tagged with their rank). Values are
-        numbers, one-element tensors or strings. `log_kwargs` is accepted for
-        compatibility with Accelerate's trackers and ignored.
+        (then every rank's values reach the notebook, tagged with their rank; the
+        trackers still get the main process's only). The notebook shows numbers,
+        one-element tensors and strings; other values (a dict of scalars for
+        TensorBoard, say) go to the trackers only. `log_kwargs`: tracker name ->
+        keyword arguments for that tracker's `log`.
         """
         from notebook_accel import metrics
 
         if main_process_only and not self.is_main_process:
             return
+        if self.is_main_process:
+            self._trackers.log(values, step, log_kwargs)
+        if self._trackers.log_with:
+            values = {k: v for k, v in values.items() if metrics.is_shown(v)}
         metrics.record(values, step=step)
+
+    # -- experiment tracking (main process only, as in Accelerate) -------------------
+
+    @property
+    def log_with(self) -> list:
+        """The trackers asked for (names, and GeneralTracker objects)."""
+        return self._trackers.log_with
+
+    @property
+    def trackers(self) -> list:
+        """The started trackers (on the main process; empty elsewhere)."""
+        return self._trackers.started
+
+    def init_trackers(
+        self, project_name: str, config: dict | None = None, init_kwargs: dict | None = None
+    ) -> None:
+        """Start a run of every tracker in `log_with` for `project_name` (main process only).
+
+        `config`: the run's hyperparameters, stored by each tracker.
+        `init_kwargs`: tracker name -> keyword arguments for that tracker's run,
+        e.g. `{"wandb": {"tags": ["a"]}, "tensorboard": {"flush_secs": 60}}`.
+        """
+        if self.is_main_process:
+            self._trackers.init(project_name, config, init_kwargs)
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> Any:
+        """The started tracker called `name` (its library's own run object with `unwrap`).
+
+        On other processes, where nothing is started, a tracker that does nothing.
+        """
+        return self._trackers.get(name, unwrap)
+
+    def end_training(self) -> None:
+        """Finish every tracker's run and wait for every process.
+
+        In a plain script (`notebook-accel launch`, torchrun) it also leaves the
+        process group, as Accelerate does; under `notebook_launcher` and live
+        workers the launcher leaves it when the function returns, so the group
+        stays usable for whatever the function does next.
+        """
+        if self.is_main_process:
+            self._trackers.finish()
+        self.wait_for_everyone()
+        if not _launcher_owns_process_group():
+            self.state.destroy_process_group()
+
+    @contextlib.contextmanager
+    def profile(self, profile_handler: ProfileKwargs | None = None) -> Iterator[Any]:
+        """Profile the block with `torch.profiler`; yields the profiler.
+
+        Settings from `profile_handler`, else the `ProfileKwargs` among
+        `kwargs_handlers`, else torch's defaults. With `output_trace_dir` each
+        process writes `profile_<rank>.json` (a Chrome trace) there at the end.
+        """
+        settings = profile_handler or self.profile_handler or ProfileKwargs()
+        with profiling.profile(settings, self.process_index, self.wait_for_everyone) as prof:
+            yield prof
 
     def main_process_first(self) -> contextlib.AbstractContextManager:
         """The main process runs the block first (say, to download), then the others."""
@@ -867,6 +944,17 @@ def _is_scheduler(obj: Any) -> bool:
     )
 
 
+def _launcher_owns_process_group() -> bool:
+    """Whether notebook_accel's launcher (or live workers) runs this function.
+
+    They install where the function's metrics go, and leave the process group
+    themselves when it returns.
+    """
+    from notebook_accel.launch.destination import current
+
+    return current().metric is not None
+
+
 def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
     known = (
         AutocastKwargs,
@@ -874,6 +962,7 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
         AORecipeKwargs,
         DistributedDataParallelKwargs,
         InitProcessGroupKwargs,
+        ProfileKwargs,
     )
     found: dict[type, Any] = {}
     for handler in handlers:

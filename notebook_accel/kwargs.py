@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from datetime import timedelta
+from enum import Enum
 from typing import Any
 
 
@@ -46,9 +47,35 @@ class GradScalerKwargs(KwargsHandler):
     enabled: bool = True
 
 
+class DDPCommunicationHookType(str, Enum):
+    """How DDP compresses gradients before it all-reduces them (Accelerate's names).
+
+    FP16 and BF16 cast them to half precision for the all-reduce; POWER_SGD and
+    BATCHED_POWER_SGD send a low-rank approximation (torch's PowerSGD hooks).
+    As a `comm_wrapper`, FP16 or BF16 also halves what PowerSGD sends.
+    """
+
+    NO = "no"
+    FP16 = "fp16"
+    BF16 = "bf16"
+    POWER_SGD = "power_sgd"
+    BATCHED_POWER_SGD = "batched_power_sgd"
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass
 class DistributedDataParallelKwargs(KwargsHandler):
-    """Arguments for `torch.nn.parallel.DistributedDataParallel`."""
+    """Arguments for `torch.nn.parallel.DistributedDataParallel`, and its communication hook.
+
+    - `comm_hook`: a `DDPCommunicationHookType` (or its name) registered on the
+      DDP model: "fp16", "bf16", "power_sgd" or "batched_power_sgd"
+      (torch.distributed.algorithms.ddp_comm_hooks).
+    - `comm_wrapper`: "fp16" or "bf16" around a PowerSGD hook.
+    - `comm_state_option`: `PowerSGDState`'s options for the PowerSGD hooks
+      (`matrix_approximation_rank`, `start_powerSGD_iter`, ...).
+    """
 
     dim: int = 0
     broadcast_buffers: bool = True
@@ -57,6 +84,44 @@ class DistributedDataParallelKwargs(KwargsHandler):
     check_reduction: bool = False
     gradient_as_bucket_view: bool = False
     static_graph: bool = False
+    comm_hook: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_wrapper: DDPCommunicationHookType = DDPCommunicationHookType.NO
+    comm_state_option: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.comm_hook = _hook_type(self.comm_hook, "comm_hook", tuple(DDPCommunicationHookType))
+        wrappers = (DDPCommunicationHookType.NO, DDPCommunicationHookType.FP16)
+        wrappers += (DDPCommunicationHookType.BF16,)
+        self.comm_wrapper = _hook_type(self.comm_wrapper, "comm_wrapper", wrappers)
+        powersgd = (DDPCommunicationHookType.POWER_SGD, DDPCommunicationHookType.BATCHED_POWER_SGD)
+        if self.comm_wrapper != DDPCommunicationHookType.NO and self.comm_hook not in powersgd:
+            raise ValueError(
+                f"comm_wrapper={self.comm_wrapper.value!r} wraps a PowerSGD hook; with "
+                f"comm_hook={self.comm_hook.value!r} use comm_hook='power_sgd' or "
+                "'batched_power_sgd', or leave comm_wrapper unset."
+            )
+        if self.comm_state_option and self.comm_hook not in powersgd:
+            raise ValueError(
+                "comm_state_option configures the PowerSGD hooks; pass "
+                "comm_hook='power_sgd' or 'batched_power_sgd' with it."
+            )
+
+    def to_kwargs(self) -> dict[str, Any]:
+        """The changed arguments of `DistributedDataParallel` itself (not the hook's)."""
+        hook_fields = ("comm_hook", "comm_wrapper", "comm_state_option")
+        return {k: v for k, v in super().to_kwargs().items() if k not in hook_fields}
+
+
+def _hook_type(
+    value: Any, name: str, allowed: tuple[DDPCommunicationHookType, ...]
+) -> DDPCommunicationHookType:
+    try:
+        kind = DDPCommunicationHookType(getattr(value, "value", value))
+    except ValueError:
+        kind = None
+    if kind not in allowed:
+        raise ValueError(f"{name}={value!r} must be one of {', '.join(k.value for k in allowed)}.")
+    return kind
 
 
 @dataclass
@@ -69,6 +134,77 @@ class InitProcessGroupKwargs(KwargsHandler):
     backend: str | None = None
     init_method: str | None = None
     timeout: timedelta | None = None
+
+
+PROFILER_ACTIVITIES = ("cpu", "cuda", "xpu", "mtia", "hpu")
+
+
+@dataclass
+class ProfileKwargs(KwargsHandler):
+    """What `Accelerator.profile()` records with `torch.profiler` (Accelerate's handler).
+
+    - `activities`: "cpu", "cuda", "xpu", ... (None: torch's default, the CPU and
+      whichever device is present).
+    - `schedule_option`: `torch.profiler.schedule`'s arguments (`wait`, `warmup`,
+      `active`, `repeat`, `skip_first`); then call `prof.step()` each step.
+    - `on_trace_ready`: called with the profiler when a scheduled cycle ends.
+    - `record_shapes`, `profile_memory`, `with_stack`, `with_flops`,
+      `with_modules`: `torch.profiler.profile`'s switches.
+    - `output_trace_dir`: each process writes its Chrome trace there when the
+      block ends, as `profile_<rank>.json`.
+    """
+
+    activities: list[str] | None = None
+    schedule_option: dict[str, int] | None = None
+    on_trace_ready: Callable | None = None
+    record_shapes: bool = False
+    profile_memory: bool = False
+    with_stack: bool = False
+    with_flops: bool = False
+    with_modules: bool = False
+    output_trace_dir: str | None = None
+
+    def __post_init__(self) -> None:
+        for activity in self.activities or ():
+            if str(activity).lower() not in PROFILER_ACTIVITIES:
+                raise ValueError(
+                    f"activities has {activity!r}; choose among {', '.join(PROFILER_ACTIVITIES)}."
+                )
+        allowed = {"wait", "warmup", "active", "repeat", "skip_first"}
+        unknown = sorted(set(self.schedule_option or {}) - allowed)
+        if unknown:
+            raise ValueError(
+                f"schedule_option has {unknown[0]!r}; torch.profiler.schedule takes "
+                f"{', '.join(sorted(allowed))}."
+            )
+
+    def build(self) -> Any:
+        """The `torch.profiler.profile` these settings describe (not started)."""
+        import torch.profiler
+
+        activities = None
+        if self.activities is not None:
+            known = torch.profiler.ProfilerActivity
+            missing = [a for a in self.activities if not hasattr(known, str(a).upper())]
+            if missing:
+                raise ValueError(
+                    f"this torch cannot profile {missing[0]!r}; it knows "
+                    f"{', '.join(sorted(n.lower() for n in known.__members__))}."
+                )
+            activities = [getattr(known, str(a).upper()) for a in self.activities]
+        schedule = None
+        if self.schedule_option is not None:
+            schedule = torch.profiler.schedule(**self.schedule_option)
+        return torch.profiler.profile(
+            activities=activities,
+            schedule=schedule,
+            on_trace_ready=self.on_trace_ready,
+            record_shapes=self.record_shapes,
+            profile_memory=self.profile_memory,
+            with_stack=self.with_stack,
+            with_flops=self.with_flops,
+            with_modules=self.with_modules,
+        )
 
 
 FLOAT8_RECIPES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")

@@ -57,6 +57,15 @@ def record(values: Mapping[str, Any], step: int | None = None) -> MetricRecord:
     return entry
 
 
+def is_shown(value: Any) -> bool:
+    """Whether the live view can show `value`: a number, a one-element tensor or a string."""
+    if hasattr(value, "numel") and callable(value.numel) and value.numel() != 1:
+        return False
+    if hasattr(value, "item") and callable(value.item):
+        value = value.item()
+    return isinstance(value, (numbers.Real, str))
+
+
 def _plain(name: str, value: Any) -> float | str:
     if hasattr(value, "item") and callable(value.item):  # tensors and numpy scalars
         value = value.item()
@@ -70,4 +79,11 @@ def _plain(name: str, value: Any) -> float | str:
     )
 
 
-__all__ = ["MetricRecord", "LOCAL_HISTORY_MAXLEN", "clear_local_history", "local_history", "record"]
+__all__ = [
+    "MetricRecord",
+    "LOCAL_HISTORY_MAXLEN",
+    "clear_local_history",
+    "is_shown",
+    "local_history",
+    "record",
+]

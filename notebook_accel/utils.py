@@ -11,6 +11,21 @@ from __future__ import annotations
 
 from notebook_accel._lazy import lazy_exports
 
+# The probes' names, listed here so that importing this module imports nothing.
+_PROBES = (
+    *(
+        f"is_{name}_available"
+        for name in (
+            "aim amdsmi bnb 4bit_bnb 8bit_bnb bitsandbytes_multi_backend boto3 clearml comet_ml "
+            "datasets deepspeed dvclive import_timer ipex lomo matplotlib megatron_lm mlflow "
+            "msamp neuron pandas peft pytest pynvml rich sagemaker schedulefree swanlab "
+            "tensorboard timm torchao torchdata torchvision trackio transformer_engine "
+            "transformers triton wandb torch_xla torchdata_stateful_dataloader cuda xpu mps "
+            "npu mlu musa sdaa hpu rocm pippy weights_only xccl bf16 fp16 fp8"
+        ).split()
+    ),
+)
+
 # public name -> module that defines it
 _EXPORTS = {
     "gather": "notebook_accel.ops",
@@ -40,6 +55,14 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "notebook_accel.kwargs",
     "ProjectConfiguration": "notebook_accel.kwargs",
     "TorchDynamoPlugin": "notebook_accel.kwargs",
+    "ProfileKwargs": "notebook_accel.kwargs",
+    "DDPCommunicationHookType": "notebook_accel.kwargs",
+    # finding a batch size that fits (Accelerate's accelerate.utils.memory)
+    "find_executable_batch_size": "notebook_accel.batch_size",
+    "release_memory": "notebook_accel.batch_size",
+    "clear_device_cache": "notebook_accel.batch_size",
+    "should_reduce_batch_size": "notebook_accel.batch_size",
+    "LoggerType": "notebook_accel.tracking",
     # device maps and checkpoints for big models (Accelerate's accelerate.utils.modeling)
     "infer_auto_device_map": "notebook_accel.big_modeling.device_map",
     "check_device_map": "notebook_accel.big_modeling.device_map",
@@ -67,6 +90,9 @@ _EXPORTS = {
     # Accelerate's accelerate.utils.other
     "extract_model_from_parallel": "notebook_accel.big_modeling.unwrap",
 }
+# is_wandb_available, is_xpu_available, ...: installed packages and present devices,
+# answered without importing the package
+_EXPORTS.update(dict.fromkeys(_PROBES, "notebook_accel.probes"))
 
 __all__ = sorted(_EXPORTS)
 

@@ -1,0 +1,136 @@
+"""Run one of Accelerate's example scripts, as released or ported by its import lines.
+
+`run(...)` is what each worker calls (under notebook_launcher, ours or
+Accelerate's): it installs the offline stand-ins (offline_hub), loads the
+script, with `accelerate` turned into `notebook_accel` in its import
+statements when the target is notebook_accel and nothing else changed, sets
+`sys.argv` and calls the script's `main()`, and writes what the process printed
+to `<out>/rank<N>.txt`.
+
+As a program it does the same in each process `notebook-accel launch` (or
+torchrun) starts:
+
+    notebook-accel launch --num-processes 2 tests/compat/example_run.py \\
+        --target notebook_accel --out OUT SCRIPT.py -- --cpu ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import faulthandler
+import io
+import os
+import sys
+import traceback
+import types
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import offline_hub  # noqa: E402
+
+HANG_REPORT_SECONDS = 120
+
+
+class _Porter(ast.NodeTransformer):
+    """`accelerate` -> `notebook_accel` in import statements (the one-line port), nothing else."""
+
+    @staticmethod
+    def _ported(module: str) -> str:
+        if module == "accelerate" or module.startswith("accelerate."):
+            return "notebook_accel" + module[len("accelerate") :]
+        return module
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> ast.AST:
+        if not node.level and node.module:
+            node.module = self._ported(node.module)
+        return node
+
+    def visit_Import(self, node: ast.Import) -> ast.AST:
+        for alias in node.names:
+            ported = self._ported(alias.name)
+            if ported != alias.name:
+                alias.asname = alias.asname or alias.name.split(".")[0]
+                alias.name = ported
+        return node
+
+
+def load(script: Path, target: str) -> types.ModuleType:
+    """The script as a module (its `main()` not called); ported for `target="notebook_accel"`."""
+    tree = ast.parse(script.read_text(), filename=str(script))
+    if target == "notebook_accel":
+        tree = ast.fix_missing_locations(_Porter().visit(tree))
+    elif target != "accelerate":
+        raise ValueError(f"target={target!r}: 'accelerate' or 'notebook_accel'")
+    module = types.ModuleType(f"example_{script.stem}")
+    module.__file__ = str(script)
+    sys.modules[module.__name__] = module  # pickling what the script defines
+    exec(compile(tree, str(script), "exec"), module.__dict__)
+    return module
+
+
+def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]) -> None:
+    """Run `script`'s main() with `argv` in this process; its output goes to out/rank<N>.txt."""
+    os.environ.update(env)
+    if target == "accelerate":
+        os.environ["ACCELERATE_USE_CPU"] = "true"  # what `accelerate launch --cpu` sets
+    if target == "accelerate":
+        _barrier_before_leaving_the_group()
+    offline_hub.install()
+    # Where a run hangs, its stacks reach the test's output.
+    faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
+    rank = os.environ.get("RANK", "0")
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            module = load(Path(script), target)
+            sys.argv = [script, *argv]
+            module.main()
+    except BaseException:
+        printed.write(traceback.format_exc())
+        raise
+    finally:
+        faulthandler.cancel_dump_traceback_later()
+        Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
+
+
+def _barrier_before_leaving_the_group() -> None:
+    """Accelerate's `end_training` with a barrier first, for its reference runs.
+
+    It leaves the gloo process group straight after the last collective; then,
+    about one run in ten here, one rank never returns from tearing the group
+    down (in C++, after `training_function` returned) while the other has
+    exited. A barrier right before leaving avoids it (what notebook_accel's own
+    `end_training` and launcher do). What the scripts print is not changed.
+    """
+    from accelerate import Accelerator
+
+    leave = Accelerator.end_training
+    if getattr(leave, "with_barrier", False):
+        return
+
+    def end_training(self) -> None:
+        self.wait_for_everyone()
+        leave(self)
+
+    end_training.with_barrier = True
+    Accelerator.end_training = end_training
+
+
+def _main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", choices=["accelerate", "notebook_accel"], required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE")
+    parser.add_argument("script")
+    parser.add_argument("script_args", nargs=argparse.REMAINDER)
+    options = parser.parse_args()
+    argv = options.script_args[1:] if options.script_args[:1] == ["--"] else options.script_args
+    env = dict(item.split("=", 1) for item in options.env)
+    run(options.script, options.target, argv, options.out, env)
+
+
+if __name__ == "__main__":
+    _main()

@@ -1,0 +1,272 @@
+"""Accelerate's own example scripts run here with only their import lines changed.
+
+The 17 scripts of Accelerate's `examples/` and `examples/by_feature/` that run
+on CPU (accelerate_examples.py finds them, unchanged) run offline on 2 CPU
+workers (offline_hub.py: a synthetic MRPC, a word-level tokenizer, a tiny BERT,
+...), each under Accelerate's notebook_launcher as released and under ours with
+`accelerate` turned into `notebook_accel` in its imports. What they print
+(the lines that start with "epoch", "=====" or "Average", on both ranks), what
+their trackers wrote (TensorBoard scalars read back with TensorBoard's own
+reader), their checkpoint directories and trace files must be equal.
+
+Accelerate's run of each script is made once per test session and shared by
+the tests that compare with it. A few scripts also run through `notebook-accel
+launch` (fresh interpreters through torchrun), the script's `main()` as a
+program.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import re
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is not installed")
+for _package in ("datasets", "evaluate", "sklearn", "tensorboard", "schedulefree"):
+    pytest.importorskip(_package, reason=f"{_package} (a dev dependency) is not installed")
+
+import accelerate_examples  # noqa: E402
+
+# Imported here, once: the forked workers then start with them.
+import datasets  # noqa: E402, F401
+import evaluate  # noqa: E402, F401
+import example_run  # noqa: E402
+import sklearn.metrics  # noqa: E402, F401
+import transformers  # noqa: E402
+from transformers import (  # noqa: E402, F401
+    BertForSequenceClassification,
+    LlamaForCausalLM,
+    PreTrainedTokenizerFast,
+)
+
+TRACKING = ["--with_tracking", "--project_dir", "{work}/logs"]
+CHECKPOINTS = ["--checkpointing_steps", "epoch", "--output_dir", "{work}/checkpoints"]
+
+# script -> (its arguments after --cpu, environment): {work} is the run's folder,
+# {images} a folder of JPEG files named as in the Oxford pets set
+CASES: dict[str, tuple[list[str], dict[str, str]]] = {
+    "nlp_example": ([], {}),
+    "cv_example": (["--data_dir", "{images}"], {}),
+    "complete_nlp_example": ([*TRACKING, *CHECKPOINTS], {}),
+    "complete_cv_example": (["--data_dir", "{images}", *TRACKING, *CHECKPOINTS], {}),
+    # starts at 256 a batch (48 rows per worker); the model refuses more than 40: 256, 128
+    # and 64 run out of memory, 32 fits (8 accumulation steps)
+    "by_feature/automatic_gradient_accumulation": ([], {"OFFLINE_HUB_MAX_BATCH": "40"}),
+    "by_feature/checkpointing": (
+        ["--checkpointing_steps", "2", "--output_dir", "{work}/checkpoints"],
+        {},
+    ),
+    "by_feature/cross_validation": (["--num_folds", "2"], {}),
+    "by_feature/ddp_comm_hook": (["--ddp_comm_hook", "fp16"], {}),
+    "by_feature/early_stopping": ([], {}),
+    "by_feature/gradient_accumulation": (["--gradient_accumulation_steps", "2"], {}),
+    "by_feature/gradient_accumulation_for_autoregressive_models": (
+        ["--gradient_accumulation_steps", "2"],
+        {},
+    ),
+    "by_feature/local_sgd": (["--local_sgd_steps", "2"], {}),
+    # starts at 16 a batch; the model refuses more than 8
+    "by_feature/memory": ([], {"OFFLINE_HUB_MAX_BATCH": "8"}),
+    "by_feature/multi_process_metrics": ([], {}),
+    "by_feature/profiler": (["--record_shapes", "--output_trace_dir", "{work}/traces"], {}),
+    "by_feature/schedule_free": ([], {}),
+    "by_feature/tracking": (TRACKING, {}),
+}
+
+# Through `notebook-accel launch` too (each process a fresh interpreter importing
+# torch, transformers and datasets: the costly part): the plain one, and one with
+# images read by DataLoader worker processes, checkpoints and a tracker.
+CLI_CASES = ["nlp_example", "complete_cv_example"]
+
+METRIC_LINE = re.compile(r"^(epoch|=====|Average)")
+TIMEOUT = 150
+
+
+def test_the_cases_are_the_17_scripts_of_the_issue():
+    assert sorted(CASES) == sorted(accelerate_examples.SCRIPTS)
+    assert len(CASES) == 17
+
+
+@pytest.fixture(scope="session")
+def example_scripts() -> dict[str, Path]:
+    try:
+        return accelerate_examples.scripts()
+    except accelerate_examples.ScriptsUnavailable as error:
+        if os.environ.get("CI"):
+            pytest.fail(str(error))
+        pytest.skip(str(error))
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory) -> Path:
+    import offline_hub
+
+    return offline_hub.write_images(tmp_path_factory.mktemp("pets"))
+
+
+def _free_port() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return str(probe.getsockname()[1])
+
+
+def _arguments(script: str, work: Path, images: Path) -> tuple[list[str], dict[str, str]]:
+    argv, env = CASES[script]
+    filled = [a.format(work=work, images=images) for a in argv]
+    return ["--cpu", *filled], env
+
+
+def _observe(work: Path) -> dict:
+    """What a run printed (metric lines per rank), its TensorBoard scalars, its files."""
+    seen: dict = {}
+    for rank in (0, 1):
+        text = (work / "out" / f"rank{rank}.txt").read_text()
+        seen[f"rank{rank}"] = [line for line in text.splitlines() if METRIC_LINE.match(line)]
+    logs = work / "logs"
+    if logs.exists():
+        from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+        for run in sorted(p for p in logs.iterdir() if p.is_dir()):
+            events = EventAccumulator(str(run))
+            events.Reload()
+            seen[f"tensorboard {run.name}"] = {
+                tag: [(e.step, e.value) for e in events.Scalars(tag)]
+                for tag in events.Tags()["scalars"]
+            }
+    for folder in ("checkpoints", "traces"):
+        if (work / folder).exists():
+            seen[folder] = sorted(p.name for p in (work / folder).iterdir())
+    return seen
+
+
+def _run_with_accelerate(script: Path, argv: list[str], env: dict, work: Path) -> None:
+    from accelerate import notebook_launcher
+
+    os.environ["ACCELERATE_USE_CPU"] = "true"  # Accelerate's CPU workers (accelerate launch --cpu)
+    try:
+        notebook_launcher(
+            example_run.run,
+            (str(script), "accelerate", argv, str(work / "out"), env),
+            num_processes=2,
+            use_port=_free_port(),
+        )
+    finally:
+        del os.environ["ACCELERATE_USE_CPU"]
+
+
+def _run_with_ours(script: Path, argv: list[str], env: dict, work: Path) -> None:
+    from notebook_accel import notebook_launcher
+
+    notebook_launcher(
+        example_run.run,
+        (str(script), "notebook_accel", argv, str(work / "out"), env),
+        num_processes=2,
+        backend="cpu",
+        timeout=TIMEOUT,
+        output="main",
+    )
+
+
+def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> None:
+    runner = Path(example_run.__file__)
+    command = [sys.executable, "-m", "notebook_accel.cli", "launch", "--num-processes", "2"]
+    command += [str(runner), "--target", "notebook_accel", "--out", str(work / "out")]
+    command += [f"--env={k}={v}" for k, v in env.items()]
+    command += [str(script), "--", *argv]
+    done = subprocess.run(
+        command,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        env={**os.environ, "NOTEBOOK_ACCEL_BACKEND": "cpu"},
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+
+
+class _Runs:
+    """Each script's Accelerate run, made once per session (in a folder of its own)."""
+
+    def __init__(self, root: Path, scripts: dict[str, Path], images: Path) -> None:
+        self.root, self.scripts, self.images = root, scripts, images
+        self.seen: dict[str, dict] = {}
+
+    def run(self, script: str, how, label: str) -> dict:
+        work = self.root / label / script.replace("/", "-")
+        (work / "out").mkdir(parents=True)
+        argv, env = _arguments(script, work, self.images)
+        cwd = os.getcwd()
+        os.chdir(work)  # the scripts write checkpoints to the working directory by default
+        # The forked workers' gc.collect() calls (a few per try of the batch-size search)
+        # then skip the objects they inherited: transformers and datasets make them slow.
+        gc.freeze()
+        try:
+            how(self.scripts[script], argv, env, work)
+        finally:
+            gc.unfreeze()
+            os.chdir(cwd)
+        return _observe(work)
+
+    def accelerate(self, script: str) -> dict:
+        if script not in self.seen:
+            self.seen[script] = self.run(script, _run_with_accelerate, "accelerate")
+        return self.seen[script]
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory, example_scripts, images) -> _Runs:
+    return _Runs(tmp_path_factory.mktemp("examples"), example_scripts, images)
+
+
+def _assert_same(ours: dict, reference: dict) -> None:
+    assert reference["rank0"], "Accelerate's run printed no metric line: the harness is broken"
+    assert ours.keys() == reference.keys()
+    for key in reference:
+        assert ours[key] == reference[key], key
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+@pytest.mark.parametrize("script", list(CASES))
+def test_example_under_notebook_launcher_prints_what_accelerate_prints(runs, script):
+    reference = runs.accelerate(script)
+    ours = runs.run(script, _run_with_ours, "notebook_launcher")
+    _assert_same(ours, reference)
+
+
+@pytest.mark.timeout(2 * TIMEOUT)
+@pytest.mark.parametrize("script", CLI_CASES)
+def test_example_under_the_launch_command_prints_what_accelerate_prints(runs, script):
+    reference = runs.accelerate(script)
+    ours = runs.run(script, _run_through_cli, "cli")
+    _assert_same(ours, reference)
+
+
+def test_the_port_changes_import_statements_only():
+    import ast
+
+    source = (
+        "import accelerate\nimport accelerate.utils as u\nfrom accelerate import Accelerator\n"
+        "from accelerate.local_sgd import LocalSGD\nfrom accelerate.utils import set_seed\n"
+        "def f():\n    from accelerate.test_utils.training import x\n    return 'accelerate'\n"
+    )
+    tree = example_run._Porter().visit(ast.parse(source))
+    assert ast.unparse(tree).splitlines() == [
+        "import notebook_accel as accelerate",
+        "import notebook_accel.utils as u",
+        "from notebook_accel import Accelerator",
+        "from notebook_accel.local_sgd import LocalSGD",
+        "from notebook_accel.utils import set_seed",
+        "",
+        "def f():",
+        "    from notebook_accel.test_utils.training import x",
+        "    return 'accelerate'",
+    ]
+    assert transformers  # imported above for the workers
