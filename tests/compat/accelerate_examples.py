@@ -64,7 +64,14 @@ ENV_DIRECTORY = "NOTEBOOK_ACCEL_ACCELERATE_EXAMPLES"
 
 
 class ScriptsUnavailable(RuntimeError):
-    """Some scripts could be found nowhere; the message says where it looked and how to help."""
+    """Some scripts could be found nowhere; the message says where it looked and how to help.
+
+    `changed` names the files a source gave with other bytes than the pinned ones.
+    """
+
+    def __init__(self, message: str, changed: list[str]):
+        super().__init__(message)
+        self.changed = changed
 
 
 def blob_id(data: bytes) -> str:
@@ -175,7 +182,8 @@ def scripts(names: list[str] | None = None) -> dict[str, Path]:
             + f". Point {ENV_DIRECTORY} at a checkout of huggingface/accelerate "
             f"(commit {ACCELERATE_COMMIT[:10]}, tag v1.14.0), or run "
             "`python tests/compat/accelerate_examples.py` where GitHub is reachable "
-            f"to fill {folder}."
+            f"to fill {folder}.",
+            changed=wrong,
         )
     return cached
 

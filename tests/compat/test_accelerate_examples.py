@@ -100,7 +100,11 @@ def example_scripts() -> dict[str, Path]:
     try:
         return accelerate_examples.scripts()
     except accelerate_examples.ScriptsUnavailable as error:
-        if os.environ.get("CI"):
+        # Accelerate ships its examples in no package, and this repository does not
+        # copy them: where no source can be reached (a machine that sees only the
+        # package index), these tests cannot run. A source that gave other bytes
+        # than the released scripts is a failure.
+        if error.changed:
             pytest.fail(str(error))
         pytest.skip(str(error))
 
