@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from notebook_accel import Accelerator
-from notebook_accel import checkpoint as checkpoint_module
+from notebook_accel.checkpoint import training_state as checkpoint_module
 
 
 class _PlainFile:

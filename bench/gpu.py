@@ -437,8 +437,8 @@ def launch_to_first_step(launches: int = 2) -> dict:
     try:
         from notebook_accel import last_run
         from notebook_accel.launch.launcher import run_plan
-        from notebook_accel.launch.observers import ConsoleObserver
         from notebook_accel.launch.preflight import plan_launch
+        from notebook_accel.reporting.observers import ConsoleObserver
 
         seconds = []
         for _ in range(launches):

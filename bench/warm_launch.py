@@ -133,8 +133,8 @@ def _launch(name: str, device: str, workers: int, trivial: bool) -> None:
         )
     elif name.startswith("notebook_accel"):
         from notebook_accel.launch.launcher import run_plan
-        from notebook_accel.launch.observers import ConsoleObserver
         from notebook_accel.launch.preflight import plan_launch
+        from notebook_accel.reporting.observers import ConsoleObserver
 
         # single_in_process=False: one GPU still gets a forked worker.
         plan = plan_launch(

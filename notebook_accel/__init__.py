@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from notebook_accel import cuda_origin
 from notebook_accel._lazy import lazy_exports
+from notebook_accel.platforms import cuda_origin
 
 __version__ = "0.1.0"
 
@@ -26,7 +26,7 @@ _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
-    "LaunchSettings": "notebook_accel.config",
+    "LaunchSettings": "notebook_accel.config.settings",
     "LaunchConfig": "notebook_accel.launch.options",
     "detect_hardware": "notebook_accel.platforms",
     "Hardware": "notebook_accel.platforms",
@@ -34,47 +34,51 @@ _EXPORTS = {
     "LiveWorkers": "notebook_accel.live",
     "panel": "notebook_accel.ui.panel",
     "LaunchPanel": "notebook_accel.ui.panel",
-    "Accelerator": "notebook_accel.accelerator",
-    "PartialState": "notebook_accel.state",
-    "AcceleratorState": "notebook_accel.state",
-    "GradientState": "notebook_accel.training",
-    "GradientAccumulationPlugin": "notebook_accel.kwargs",
-    "prepare_data_loader": "notebook_accel.data",
-    "skip_first_batches": "notebook_accel.data",
-    "AORecipeKwargs": "notebook_accel.kwargs",
-    "AutocastKwargs": "notebook_accel.kwargs",
-    "DataLoaderConfiguration": "notebook_accel.kwargs",
-    "DistributedDataParallelKwargs": "notebook_accel.kwargs",
-    "FullyShardedDataParallelPlugin": "notebook_accel.kwargs",
-    "TorchDynamoPlugin": "notebook_accel.kwargs",
-    "GradScalerKwargs": "notebook_accel.kwargs",
-    "InitProcessGroupKwargs": "notebook_accel.kwargs",
-    "ProjectConfiguration": "notebook_accel.kwargs",
-    "ProfileKwargs": "notebook_accel.kwargs",
-    "DDPCommunicationHookType": "notebook_accel.kwargs",
-    "find_executable_batch_size": "notebook_accel.batch_size",
-    "GeneralTracker": "notebook_accel.tracking",
-    "LoggerType": "notebook_accel.tracking",
-    "LocalSGD": "notebook_accel.local_sgd",
-    "CheckpointError": "notebook_accel.checkpoint",
-    "latest_checkpoint": "notebook_accel.checkpoint",
-    "load_model_weights": "notebook_accel.checkpoint",
+    "Accelerator": "notebook_accel.accelerator.accelerator",
+    "PartialState": "notebook_accel.training.state",
+    "AcceleratorState": "notebook_accel.training.state",
+    "GradientState": "notebook_accel.training.optimizers",
+    "GradientAccumulationPlugin": "notebook_accel.config.kwargs",
+    "prepare_data_loader": "notebook_accel.training.data",
+    "skip_first_batches": "notebook_accel.training.data",
+    "AORecipeKwargs": "notebook_accel.config.kwargs",
+    "AutocastKwargs": "notebook_accel.config.kwargs",
+    "DataLoaderConfiguration": "notebook_accel.config.kwargs",
+    "DistributedDataParallelKwargs": "notebook_accel.config.kwargs",
+    "FullyShardedDataParallelPlugin": "notebook_accel.config.kwargs",
+    "TorchDynamoPlugin": "notebook_accel.config.kwargs",
+    "GradScalerKwargs": "notebook_accel.config.kwargs",
+    "InitProcessGroupKwargs": "notebook_accel.config.kwargs",
+    "ProjectConfiguration": "notebook_accel.config.kwargs",
+    "ProfileKwargs": "notebook_accel.config.kwargs",
+    "DDPCommunicationHookType": "notebook_accel.config.kwargs",
+    "find_executable_batch_size": "notebook_accel.accelerator.batch_size",
+    "GeneralTracker": "notebook_accel.accelerator.tracking",
+    "LoggerType": "notebook_accel.accelerator.tracking",
+    "LocalSGD": "notebook_accel.accelerator.local_sgd",
+    "CheckpointError": "notebook_accel.checkpoint.training_state",
+    "latest_checkpoint": "notebook_accel.checkpoint.training_state",
+    "load_model_weights": "notebook_accel.checkpoint.training_state",
     "DistributedType": "notebook_accel.platforms",
-    "set_seed": "notebook_accel.seeding",
-    "get_logger": "notebook_accel.logging",
-    "progress_bar": "notebook_accel.progress",
-    "set_progress_hook": "notebook_accel.progress",
+    "set_seed": "notebook_accel.training.seeding",
+    "get_logger": "notebook_accel.reporting.logging",
+    "progress_bar": "notebook_accel.reporting.progress",
+    "set_progress_hook": "notebook_accel.reporting.progress",
 }
 
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:
-    from notebook_accel.accelerator import Accelerator
-    from notebook_accel.batch_size import find_executable_batch_size
-    from notebook_accel.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
-    from notebook_accel.config import LaunchSettings
-    from notebook_accel.data import prepare_data_loader, skip_first_batches
-    from notebook_accel.kwargs import (
+    from notebook_accel.accelerator.accelerator import Accelerator
+    from notebook_accel.accelerator.batch_size import find_executable_batch_size
+    from notebook_accel.accelerator.local_sgd import LocalSGD
+    from notebook_accel.accelerator.tracking import GeneralTracker, LoggerType
+    from notebook_accel.checkpoint.training_state import (
+        CheckpointError,
+        latest_checkpoint,
+        load_model_weights,
+    )
+    from notebook_accel.config.kwargs import (
         AORecipeKwargs,
         AutocastKwargs,
         DataLoaderConfiguration,
@@ -88,18 +92,20 @@ if TYPE_CHECKING:
         ProjectConfiguration,
         TorchDynamoPlugin,
     )
+    from notebook_accel.config.settings import LaunchSettings
     from notebook_accel.launch.errors import WorkerError
     from notebook_accel.launch.launcher import last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
     from notebook_accel.live import LiveWorkers, start_workers
-    from notebook_accel.local_sgd import LocalSGD
-    from notebook_accel.logging import get_logger
-    from notebook_accel.platforms import DistributedType, Hardware, detect_hardware
-    from notebook_accel.progress import progress_bar, set_progress_hook
-    from notebook_accel.seeding import set_seed
-    from notebook_accel.state import AcceleratorState, PartialState
-    from notebook_accel.tracking import GeneralTracker, LoggerType
-    from notebook_accel.training import GradientState
+    from notebook_accel.platforms.base import DistributedType
+    from notebook_accel.platforms.hardware import Hardware
+    from notebook_accel.platforms.registry import detect_hardware
+    from notebook_accel.reporting.logging import get_logger
+    from notebook_accel.reporting.progress import progress_bar, set_progress_hook
+    from notebook_accel.training.data import prepare_data_loader, skip_first_batches
+    from notebook_accel.training.optimizers import GradientState
+    from notebook_accel.training.seeding import set_seed
+    from notebook_accel.training.state import AcceleratorState, PartialState
     from notebook_accel.ui.panel import LaunchPanel, panel
 
 

@@ -130,8 +130,8 @@ def environment_report() -> str:
     import platform
     from importlib import metadata
 
-    from notebook_accel.platforms import detect_hardware as detect
-    from notebook_accel.ui import format as fmt
+    from notebook_accel.platforms.registry import detect_hardware as detect
+    from notebook_accel.views import format as fmt
 
     def version(package: str) -> str:
         try:
@@ -178,7 +178,7 @@ def environment_report() -> str:
 
 def _cuda_started_report() -> list[str]:
     """Which running kernels started CUDA, and where: their launches use fresh interpreters."""
-    from notebook_accel import cuda_origin
+    from notebook_accel.platforms import cuda_origin
 
     records = cuda_origin.kernel_origins()
     if not records:
@@ -214,7 +214,7 @@ def run_config(options: argparse.Namespace) -> int:
 
 def fsdp_choice(options: argparse.Namespace, current: dict | None) -> dict | None:
     """The `fsdp` section after the --fsdp options (merged into the file's section)."""
-    from notebook_accel.config import normalize_fsdp
+    from notebook_accel.config.settings import normalize_fsdp
 
     if options.fsdp is False:
         return None
@@ -246,9 +246,9 @@ def run_launch(options: argparse.Namespace) -> int:
 
 def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
     """The torch.distributed.run command line and the settings for the workers."""
-    from notebook_accel.config import LaunchSettings
+    from notebook_accel.config.settings import LaunchSettings
     from notebook_accel.launch.preflight import DEFAULT_MULTINODE_PORT, choose_workers
-    from notebook_accel.platforms import detect_hardware
+    from notebook_accel.platforms.registry import detect_hardware
 
     config = LaunchConfig.load(options.config) if options.config else LaunchConfig()
     if not os.path.exists(options.script):
@@ -333,8 +333,8 @@ def self_check() -> dict[str, Any]:
 def run_self_check(options: argparse.Namespace) -> int:
     from notebook_accel import WorkerError
     from notebook_accel.launch.launcher import run_plan
-    from notebook_accel.launch.observers import ConsoleObserver
     from notebook_accel.launch.preflight import plan_launch
+    from notebook_accel.reporting.observers import ConsoleObserver
 
     # Even one process is forked, as the panel does: forking is what is checked
     # (and a timeout needs a worker to stop).

@@ -2,8 +2,8 @@
 
 `from notebook_accel.utils import gather, broadcast, ...` works where a
 notebook wrote `from accelerate.utils import ...`. The collectives are those of
-`notebook_accel.ops` (nested lists, tuples and dicts of tensors; no-ops in one
-process); configuration classes come from `notebook_accel.kwargs`. Names are
+`notebook_accel.training.ops` (nested lists, tuples and dicts of tensors; no-ops in one
+process); configuration classes come from `notebook_accel.config.kwargs`. Names are
 imported on first use, so importing this module costs nothing.
 """
 
@@ -28,41 +28,41 @@ _PROBES = (
 
 # public name -> module that defines it
 _EXPORTS = {
-    "gather": "notebook_accel.ops",
-    "gather_object": "notebook_accel.ops",
-    "broadcast": "notebook_accel.ops",
-    "broadcast_object_list": "notebook_accel.ops",
-    "reduce": "notebook_accel.ops",
-    "pad_across_processes": "notebook_accel.ops",
-    "DistributedOperationException": "notebook_accel.ops",
-    "send_to_device": "notebook_accel.utils_impl",
-    "copy_tensor_to_devices": "notebook_accel.utils_impl",
-    "synchronize_rng_states": "notebook_accel.utils_impl",
-    "synchronize_rng_state": "notebook_accel.utils_impl",
-    "wait_for_everyone": "notebook_accel.utils_impl",
-    "set_seed": "notebook_accel.seeding",
+    "gather": "notebook_accel.training.ops",
+    "gather_object": "notebook_accel.training.ops",
+    "broadcast": "notebook_accel.training.ops",
+    "broadcast_object_list": "notebook_accel.training.ops",
+    "reduce": "notebook_accel.training.ops",
+    "pad_across_processes": "notebook_accel.training.ops",
+    "DistributedOperationException": "notebook_accel.training.ops",
+    "send_to_device": "notebook_accel.training.helpers",
+    "copy_tensor_to_devices": "notebook_accel.training.helpers",
+    "synchronize_rng_states": "notebook_accel.training.helpers",
+    "synchronize_rng_state": "notebook_accel.training.helpers",
+    "wait_for_everyone": "notebook_accel.training.helpers",
+    "set_seed": "notebook_accel.training.seeding",
     "DistributedType": "notebook_accel.platforms",
-    "prepare_data_loader": "notebook_accel.data",
-    "skip_first_batches": "notebook_accel.data",
-    "SeedableRandomSampler": "notebook_accel.data",
-    "AORecipeKwargs": "notebook_accel.kwargs",
-    "AutocastKwargs": "notebook_accel.kwargs",
-    "DataLoaderConfiguration": "notebook_accel.kwargs",
-    "DistributedDataParallelKwargs": "notebook_accel.kwargs",
-    "FullyShardedDataParallelPlugin": "notebook_accel.kwargs",
-    "GradientAccumulationPlugin": "notebook_accel.kwargs",
-    "GradScalerKwargs": "notebook_accel.kwargs",
-    "InitProcessGroupKwargs": "notebook_accel.kwargs",
-    "ProjectConfiguration": "notebook_accel.kwargs",
-    "TorchDynamoPlugin": "notebook_accel.kwargs",
-    "ProfileKwargs": "notebook_accel.kwargs",
-    "DDPCommunicationHookType": "notebook_accel.kwargs",
+    "prepare_data_loader": "notebook_accel.training.data",
+    "skip_first_batches": "notebook_accel.training.data",
+    "SeedableRandomSampler": "notebook_accel.training.data",
+    "AORecipeKwargs": "notebook_accel.config.kwargs",
+    "AutocastKwargs": "notebook_accel.config.kwargs",
+    "DataLoaderConfiguration": "notebook_accel.config.kwargs",
+    "DistributedDataParallelKwargs": "notebook_accel.config.kwargs",
+    "FullyShardedDataParallelPlugin": "notebook_accel.config.kwargs",
+    "GradientAccumulationPlugin": "notebook_accel.config.kwargs",
+    "GradScalerKwargs": "notebook_accel.config.kwargs",
+    "InitProcessGroupKwargs": "notebook_accel.config.kwargs",
+    "ProjectConfiguration": "notebook_accel.config.kwargs",
+    "TorchDynamoPlugin": "notebook_accel.config.kwargs",
+    "ProfileKwargs": "notebook_accel.config.kwargs",
+    "DDPCommunicationHookType": "notebook_accel.config.kwargs",
     # finding a batch size that fits (Accelerate's accelerate.utils.memory)
-    "find_executable_batch_size": "notebook_accel.batch_size",
-    "release_memory": "notebook_accel.batch_size",
-    "clear_device_cache": "notebook_accel.batch_size",
-    "should_reduce_batch_size": "notebook_accel.batch_size",
-    "LoggerType": "notebook_accel.tracking",
+    "find_executable_batch_size": "notebook_accel.accelerator.batch_size",
+    "release_memory": "notebook_accel.accelerator.batch_size",
+    "clear_device_cache": "notebook_accel.accelerator.batch_size",
+    "should_reduce_batch_size": "notebook_accel.accelerator.batch_size",
+    "LoggerType": "notebook_accel.accelerator.tracking",
     # device maps and checkpoints for big models (Accelerate's accelerate.utils.modeling)
     "infer_auto_device_map": "notebook_accel.big_modeling.device_map",
     "check_device_map": "notebook_accel.big_modeling.device_map",
@@ -92,7 +92,7 @@ _EXPORTS = {
 }
 # is_wandb_available, is_xpu_available, ...: installed packages and present devices,
 # answered without importing the package
-_EXPORTS.update(dict.fromkeys(_PROBES, "notebook_accel.probes"))
+_EXPORTS.update(dict.fromkeys(_PROBES, "notebook_accel.platforms.probes"))
 
 __all__ = sorted(_EXPORTS)
 

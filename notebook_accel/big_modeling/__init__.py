@@ -18,6 +18,8 @@ Accelerate's `accelerate.big_modeling` names (and the device-map helpers of
     loading.py     load_checkpoint_in_model, load_checkpoint_and_dispatch (tensor by tensor)
     pipeline.py    prepare_pippy: one pipeline stage per launched worker
     unwrap.py      extract_model_from_parallel
+
+May import: training.
 """
 
 from __future__ import annotations

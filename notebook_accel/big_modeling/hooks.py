@@ -28,7 +28,7 @@ from notebook_accel.big_modeling.tensors import (
     owner_of,
     set_module_tensor_to_device,
 )
-from notebook_accel.nested import apply_to_tensors
+from notebook_accel.training.nested import apply_to_tensors
 
 logger = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ from torch import nn
 
 from notebook_accel.big_modeling.device_map import infer_auto_device_map
 from notebook_accel.big_modeling.memory import calculate_maximum_sizes
-from notebook_accel.nested import apply_to_tensors
+from notebook_accel.training.nested import apply_to_tensors
 
 
 def _batch_size(args: tuple, kwargs: dict) -> int | None:
@@ -136,7 +136,7 @@ def prepare_pippy(
         used; the last worker (every worker with `gather_output`) gets the output,
         the others None. In one process the model runs as it is.
     """
-    from notebook_accel.state import PartialState
+    from notebook_accel.training.state import PartialState
 
     state = PartialState()
     world, rank = state.num_processes, state.process_index
@@ -168,7 +168,7 @@ def prepare_pippy(
 
 
 def _run(schedule, rank, world, chunks, gather_output, args, kwargs) -> Any:
-    from notebook_accel import ops
+    from notebook_accel.training import ops
 
     size = [None]
     with torch.no_grad():

@@ -62,7 +62,7 @@ def extract_model_from_parallel(
     if recursive:
         model = _unwrap_tree(model)
     if not keep_fp32_wrapper:
-        from notebook_accel.precision import restore_forward
+        from notebook_accel.training.precision import restore_forward
 
         restore_forward(model)
     if compiled is not None and keep_torch_compile:

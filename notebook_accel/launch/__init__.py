@@ -1,0 +1,12 @@
+"""Starting, watching and stopping the workers of a launch (notebook_launcher).
+
+    launcher.py    notebook_launcher and run_plan: plan, run, return
+    options.py     every launch option defined once; preflight.py: checks -> LaunchPlan
+    supervisor.py  the kernel's side of a group of workers; worker.py: the child's side
+    fresh.py       workers in fresh interpreters; packing.py: functions and arguments by value
+    forking.py     the fork lock, descriptors children close, the janitor
+    channel.py     worker -> kernel framing of events; warm.py: warm launches
+    errors.py      WorkerError
+
+May import: config, platforms, reporting, training, views.
+"""

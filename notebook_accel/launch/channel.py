@@ -1,6 +1,6 @@
 """Events from a worker to the launching process, over a pipe.
 
-Each frame is a pickled list of events (see events.py) behind an 8-byte
+Each frame is a pickled list of events (see reporting/events.py) behind an 8-byte
 length: one event, or a batch of them in the order they were sent. A pipe
 write returns only once the kernel holds the bytes, so a worker may exit
 right after sending; a multiprocessing Queue's feeder thread would lose the
@@ -16,7 +16,7 @@ import struct
 import threading
 import time
 
-from notebook_accel.launch.events import ChannelEvent, RunEvent, Unreadable
+from notebook_accel.reporting.events import ChannelEvent, RunEvent, Unreadable
 
 _HEADER = struct.Struct("<Q")
 

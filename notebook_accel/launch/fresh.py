@@ -9,13 +9,10 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
 - The kernel starts `python -c <bootstrap>` with `subprocess` (an exec, so
   nothing of the kernel's runtime or locks comes along) and passes it the
   write ends of its pipes by number.
-- The function and its arguments travel by value through cloudpickle, so a
+- The function and its arguments travel by value (launch/packing.py), so a
   function, class or closure defined in a notebook cell works as it does in
   a forked worker. They are pickled once per launch into an in-memory file
   that every worker reads.
-- A tensor on a GPU in the arguments (a model the kernel loaded and
-  evaluated) arrives on the GPU of each worker that runs on CUDA, and on the
-  CPU in a CPU worker: never on whichever GPU the kernel used.
 
 `FreshProcess` has the part of `multiprocessing.Process` the supervisor uses
 (pid, sentinel, exitcode, join, close), so both start methods share one
@@ -26,20 +23,15 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import io
 import json
-import linecache
-import marshal
 import os
-import pickle
 import subprocess
 import sys
-import types
 from typing import Any
 
 import cloudpickle
 
-from notebook_accel.config import ENV_BACKEND
+from notebook_accel.launch.packing import pack
 
 # The names `start_method` takes; "auto" forks unless the kernel can no longer.
 START_METHODS = ("auto", "fork", "spawn")
@@ -89,58 +81,6 @@ def ship(spec: Any) -> int:
         os.close(fd)
         raise
     return fd
-
-
-def pack(function: Any, args: tuple, kwargs: dict) -> bytes:
-    """A function and its arguments, pickled by value for a worker (`unpack` there)."""
-    buffer = io.BytesIO()
-    pickler = _WorkerPickler(buffer, protocol=5)
-    pickler.dump((function, args, kwargs))
-    # The source of code that exists only in this process (a notebook cell), so
-    # that a worker's traceback shows the cell's lines as a forked one's does.
-    sources = {
-        name: linecache.getlines(name)
-        for name in sorted(pickler.code_files)
-        if not os.path.exists(name) and linecache.getlines(name)
-    }
-    return pickle.dumps((buffer.getvalue(), sources), protocol=5)
-
-
-class _WorkerPickler(cloudpickle.Pickler):
-    """cloudpickle, with two changes for workers:
-
-    - Code keeps its file name and line numbers (marshalled whole; the worker
-      runs the same interpreter), where cloudpickle would name it
-      "<dynamic-code>": tracebacks then point at the notebook cell.
-    - Tensors on a GPU go as CPU copies that each worker moves to its own
-      device (plain pickling would restore them onto the GPU index the kernel
-      used, which a worker may not have).
-    """
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.code_files: set[str] = set()
-
-    def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, types.CodeType):
-            self.code_files.add(obj.co_filename)
-            return marshal.loads, (marshal.dumps(obj),)
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
-            is_parameter = isinstance(obj, torch.nn.Parameter)
-            return _on_worker_device, (obj.detach().cpu(), is_parameter, obj.requires_grad)
-        return super().reducer_override(obj)
-
-
-def _on_worker_device(tensor: Any, is_parameter: bool, requires_grad: bool) -> Any:
-    """Runs in the worker: put a tensor that was on a GPU in the kernel on this worker's device."""
-    import torch
-
-    if os.environ.get(ENV_BACKEND) == "cuda":
-        tensor = tensor.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
-    if is_parameter:
-        return torch.nn.Parameter(tensor, requires_grad=requires_grad)
-    return tensor.requires_grad_(requires_grad) if requires_grad else tensor
 
 
 class FreshProcess:
@@ -226,24 +166,3 @@ def _read_all(fd: int) -> bytes:
         chunks.append(chunk)
         offset += len(chunk)
     return b"".join(chunks)
-
-
-def unpack(shipped: bytes) -> tuple[Any, tuple, dict]:
-    """The user's function, args and kwargs, in the worker.
-
-    What the function's cell defined (classes, helpers) is also put in this
-    interpreter's `__main__`, as it is in the kernel's: a value of a class
-    from the notebook is then sent back by reference and arrives in the
-    kernel as an instance of the kernel's own class.
-    """
-    payload, sources = pickle.loads(shipped)
-    for name, lines in sources.items():
-        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
-    function, args, kwargs = cloudpickle.loads(payload)
-    names = getattr(function, "__globals__", None)
-    if isinstance(names, dict) and names.get("__name__") == "__main__":
-        main = sys.modules["__main__"].__dict__
-        for name, value in names.items():
-            if not name.startswith("__"):
-                main.setdefault(name, value)
-    return function, args, kwargs

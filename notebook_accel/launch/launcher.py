@@ -11,20 +11,9 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from typing import Any
 
-from notebook_accel.config import LaunchSettings
-from notebook_accel.launch.destination import Destination, sending_to
+from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.events import (
-    AttemptStarted,
-    ModulesImported,
-    Progress,
-    Restarting,
-    Result,
-    RunEnded,
-    RunEvent,
-)
 from notebook_accel.launch.forking import forget_parent_only, guarded, parent_only
-from notebook_accel.launch.observers import ConsoleObserver, ObserverGroup, RunObserver
 from notebook_accel.launch.options import (
     LaunchConfig,
     merged_with_file,
@@ -33,9 +22,20 @@ from notebook_accel.launch.options import (
 )
 from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
-from notebook_accel.launch.report import RunReport
 from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, interrupts_stop
 from notebook_accel.launch.warm import RunWarmer
+from notebook_accel.reporting.destination import Destination, sending_to
+from notebook_accel.reporting.events import (
+    AttemptStarted,
+    ModulesImported,
+    Progress,
+    Restarting,
+    Result,
+    RunEnded,
+    RunEvent,
+)
+from notebook_accel.reporting.observers import ConsoleObserver, ObserverGroup, RunObserver
+from notebook_accel.reporting.report import RunReport
 
 # The report of the most recently started launch in this process (each run
 # has its own; this is only which one `last_run()` answers with).
@@ -100,7 +100,7 @@ def notebook_launcher(
     console = ConsoleObserver(plan.output, main_rank=main_rank)
     extra = list(observers or [])
     if live is None or live:
-        from notebook_accel.ui.live import live_view
+        from notebook_accel.views.live import live_view
 
         view = live_view(plan, force=bool(live))
         if view is not None:
@@ -140,7 +140,7 @@ def run_plan(
     """
     global _last_run
     if report is None:
-        report = RunReport.for_plan(plan)
+        report = plan.new_report()
     if not report.started_at:
         report.started_at = time.time()
     _last_run = report
@@ -244,7 +244,7 @@ def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:
     """num_processes=1: call the function here, so debuggers and %debug work."""
     import torch.distributed as dist
 
-    from notebook_accel.nested import to_cpu
+    from notebook_accel.training.nested import to_cpu
 
     def progress(step: int, total: int | None, elapsed: float) -> None:
         emit(Progress(0, step, total, elapsed))

@@ -21,10 +21,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.config import PRECISIONS, normalize_fsdp, normalize_precision
+from notebook_accel.config.settings import PRECISIONS, normalize_fsdp, normalize_precision
 from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
-from notebook_accel.launch.observers import OUTPUT_CHOICES
-from notebook_accel.platforms import PLATFORMS
+from notebook_accel.platforms.registry import PLATFORMS
+from notebook_accel.reporting.observers import OUTPUT_CHOICES
 
 # Options Accelerate's notebook_launcher takes that have no use here; the
 # defaults are accepted so that ported code runs unchanged.

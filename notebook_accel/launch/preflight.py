@@ -17,17 +17,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from notebook_accel.config import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
+from notebook_accel.config.settings import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
 from notebook_accel.launch.fresh import resolve_start_method
 from notebook_accel.launch.options import check_options
-from notebook_accel.platforms import (
-    Hardware,
-    LaunchRefused,
-    Platform,
-    default_platform,
-    platform_named,
-)
-from notebook_accel.platforms import detect_hardware as detect
+from notebook_accel.platforms.base import LaunchRefused, Platform
+from notebook_accel.platforms.hardware import Hardware
+from notebook_accel.platforms.registry import default_platform, platform_named
+from notebook_accel.platforms.registry import detect_hardware as detect
+from notebook_accel.reporting.report import RunReport
 
 DEFAULT_MULTINODE_PORT = 29500
 # CPU workers per core beyond which a launch is refused unless oversubscribe=True:
@@ -95,6 +92,17 @@ class LaunchPlan:
             env.update({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0"})
         env.update(self.settings.to_env())
         return env
+
+    def new_report(self, started_at: float = 0.0) -> RunReport:
+        """An empty report for a run of this plan."""
+        return RunReport(
+            world_size=self.world_size,
+            backend=self.settings.backend,
+            mixed_precision=self.settings.mixed_precision,
+            start_method="in process" if self.in_process else self.start_method,
+            started_at=started_at,
+            main_rank=self.node_rank * self.local_world_size,
+        )
 
     def worker_spec(self, port: int, attempt: int):
         from notebook_accel.launch.worker import WorkerSpec

@@ -30,14 +30,6 @@ import psutil
 
 from notebook_accel.launch.channel import ChannelReader
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
-from notebook_accel.launch.events import (
-    OutputLine,
-    ResourceSample,
-    RunEvent,
-    Unreadable,
-    WorkerExited,
-    WorkerRaised,
-)
 from notebook_accel.launch.forking import (
     Janitor,
     StopOnInterrupt,
@@ -54,6 +46,14 @@ from notebook_accel.launch.fresh import FreshProcess, ship
 # the child's runtime and what it imports instead of each importing them
 # again (milliseconds per worker).
 from notebook_accel.launch.worker import WorkerSpec, worker_main
+from notebook_accel.reporting.events import (
+    OutputLine,
+    ResourceSample,
+    RunEvent,
+    Unreadable,
+    WorkerExited,
+    WorkerRaised,
+)
 
 # After the first failure, how long to keep listening so that the failure that
 # caused the others (often a peer's "connection closed") can be told apart.

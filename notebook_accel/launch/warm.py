@@ -5,7 +5,7 @@ it imports itself it pays for in every launch (the first torch.optim
 optimizer a process builds imports torch._dynamo: seconds). So each worker
 reports the modules it imported that were not imported when it was forked
 (`ModulesImported`): as soon as its training function reaches a milestone
-(`prepare()` done, the first optimizer step; launch/destination.py), and at
+(`prepare()` done, the first optimizer step; reporting/destination.py), and at
 its end. This process imports the safe ones, so that the next launch's
 workers start with them.
 
@@ -52,6 +52,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from notebook_accel.launch.forking import guarded
+from notebook_accel.reporting.report import Warming
 
 # Imported by the first torch.optim optimizer a process builds (its
 # `_disable_dynamo` decorator imports torch._dynamo on first call): seconds in
@@ -63,56 +64,6 @@ KNOWN_HEAVY = ("torch._dynamo",)
 _NOTEBOOK_MODULES = ("__main__", "__mp_main__")
 
 _MAX_REASON = 200
-
-
-@dataclass
-class Warming:
-    """What this process imported for a run so that the next launch's workers have it.
-
-    `status`: "not started", "off" (the launch passed warm=False, or warming
-    cannot run here: `problem` says why), "not needed" (the function ran in
-    this process), "running" (modules are being imported, on the thread that
-    runs the notebook's code), "done", "deferred" (left to the Jupyter
-    kernel's event loop, between cells: `wait()` for it), "interrupted" (a
-    stop press ended it), or "stopped" (an import started a device runtime:
-    `problem` says which; the next launch refuses, and warming stays off in
-    this process). `modules` are the modules imported here on purpose, in
-    order; `imported` counts every module that brought in; `seconds` is what
-    it took (once, instead of in every worker of every launch). `skipped`
-    maps a module left alone to the reason.
-    """
-
-    status: str = "not started"
-    modules: list[str] = field(default_factory=list)
-    imported: int = 0
-    seconds: float = 0.0
-    skipped: dict[str, str] = field(default_factory=dict)
-    problem: str | None = None
-    pending: list[str] = field(default_factory=list, repr=False)
-    _finished: threading.Event = field(default_factory=threading.Event, repr=False, compare=False)
-
-    def wait(self, timeout: float) -> bool:
-        """Wait at most `timeout` seconds for deferred warming to end; True once it has
-        (or never had to wait). Never call it on the main thread of a kernel whose
-        event loop does the deferred imports: that thread would wait for itself."""
-        if self.status in ("running", "deferred"):
-            return self._finished.wait(timeout)
-        return True
-
-    def summary(self) -> str:
-        """One line: what was warmed, what it cost, what was skipped."""
-        text = (
-            f"warming {self.status}: {len(self.modules)} module(s) asked for, "
-            f"{self.imported} imported in {self.seconds:.2f} s"
-        )
-        if self.skipped:
-            text += f", {len(self.skipped)} skipped"
-        return text + (f" ({self.problem})" if self.problem else "")
-
-    def finish(self, status: str) -> None:
-        """Set the final status and wake whoever waits."""
-        self.status = status
-        self._finished.set()
 
 
 def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
@@ -295,7 +246,7 @@ def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str
 
     Decided from names and files alone, before anything is imported.
     """
-    from notebook_accel.platforms import PLATFORMS
+    from notebook_accel.platforms.registry import PLATFORMS
 
     devices = tuple(package for p in PLATFORMS.values() for package in p.device_packages)
     names: list[str] = []
@@ -356,7 +307,7 @@ _PROCESS = _ProcessWarming()
 def _import_guarded(name: str, warming: Warming) -> str | None:
     """Import `name` with every device runtime's start refused; return the device
     problem the import caused anyway, if any."""
-    from notebook_accel.platforms import PLATFORMS
+    from notebook_accel.platforms.registry import PLATFORMS
 
     if name in sys.modules:
         return None

@@ -26,23 +26,23 @@ from dataclasses import dataclass, field
 from types import CodeType, TracebackType
 from typing import Any, NoReturn
 
+from notebook_accel.config.settings import ENV_BACKEND
+from notebook_accel.launch.channel import ChannelWriter
+from notebook_accel.launch.warm import imported_since
+from notebook_accel.platforms.registry import PLATFORMS
+
 # Imported here, in the launching process, so that forked workers inherit
 # them instead of each importing them again (milliseconds per worker): the
 # training function logs through metrics and draws progress through progress.
-from notebook_accel import metrics, progress  # noqa: F401
-from notebook_accel.config import ENV_BACKEND
-from notebook_accel.launch.channel import ChannelWriter
-from notebook_accel.launch.destination import Destination, sending_to
-from notebook_accel.launch.events import (
+from notebook_accel.reporting.destination import Destination, sending_to
+from notebook_accel.reporting.events import (
     ModulesImported,
     PeakResources,
     Progress,
     Result,
     WorkerRaised,
 )
-from notebook_accel.launch.warm import imported_since
-from notebook_accel.nested import to_cpu
-from notebook_accel.platforms import PLATFORMS
+from notebook_accel.training.nested import to_cpu
 
 _PR_SET_PDEATHSIG = 1
 # Progress updates a worker sends at most per second (the last step always goes).
@@ -79,7 +79,7 @@ class WorkerSpec:
         """This spec with the shipped function and arguments unpickled (in the worker)."""
         if self.shipped is None:
             return self
-        from notebook_accel.launch.fresh import unpack
+        from notebook_accel.launch.packing import unpack
 
         function, args, kwargs = unpack(self.shipped)
         return dataclasses.replace(self, function=function, args=args, kwargs=kwargs, shipped=None)

@@ -1,6 +1,16 @@
-"""Live workers: a process group that stays up between cells (live/group.py)."""
+"""Live workers: a process group that stays up between cells, models resident on the devices.
 
-from notebook_accel.live.group import GroupEnded, LiveWorkers, start_workers
+    start.py    start_workers; group.py: LiveWorkers (calls, stops, restarts)
+    serve.py    the worker's side: runs each call in its namespace
+    protocol.py calls and answers on the command pipe; values.py: values that stay on a worker
+    regroup.py  bring ranks out of a collective a peer left, form the group again
+    magic.py    %%on_workers
+
+May import: config, platforms, reporting, training, views, launch.
+"""
+
+from notebook_accel.live.group import GroupEnded, LiveWorkers
+from notebook_accel.live.start import start_workers
 from notebook_accel.live.values import ValueOnWorker
 
 __all__ = ["GroupEnded", "LiveWorkers", "ValueOnWorker", "start_workers"]

@@ -39,14 +39,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
-from notebook_accel.launch.events import CallFinished, MetricRecord, Progress, RunEvent
 from notebook_accel.launch.launcher import _Rendezvous
-from notebook_accel.launch.observers import ConsoleObserver, RunObserver
-from notebook_accel.launch.preflight import LaunchPlan, plan_launch
-from notebook_accel.launch.report import RunReport
+from notebook_accel.launch.preflight import LaunchPlan
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
 from notebook_accel.live.protocol import Call, write_call
 from notebook_accel.live.values import unpack
+from notebook_accel.reporting.events import CallFinished, MetricRecord, Progress, RunEvent
+from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
 
 # After a stop press (or a timeout), how long the workers get to end the call.
 STOP_GRACE_SECONDS = 5.0
@@ -75,41 +74,6 @@ class GroupEnded(RuntimeError):
     """The live group is not running (it was closed, or a worker died); `restart()` it."""
 
 
-def start_workers(
-    num_processes: int | None = None,
-    *,
-    observers: list[RunObserver] | None = None,
-    live: bool | None = None,
-    **options: Any,
-) -> LiveWorkers:
-    """Start one worker per device and keep them, with their process group, between cells.
-
-    Takes `notebook_launcher`'s options (backend, mixed_precision, devices,
-    start_method, ...), checked the same way before anything starts;
-    `timeout` becomes every call's default timeout. `live`: show a live view
-    of metrics under a cell whose call logs them (default: in a notebook).
-
-    Returns the running group: `run(fn, *args)`, `run_cell(source)`,
-    `restart()`, `close()`. In IPython it also enables `%%on_workers`.
-    """
-    if options.get("max_restarts"):
-        raise ValueError(
-            "max_restarts= restarts a launch; live workers keep state that a restart "
-            "would lose. Call workers.restart() when you choose to."
-        )
-    from notebook_accel.live.serve import serve
-
-    plan = plan_launch(
-        function=serve, num_processes=num_processes, single_in_process=False, **options
-    )
-    workers = LiveWorkers(plan, observers=observers, live=live)
-    workers.start()
-    from notebook_accel.live.magic import register_magic
-
-    register_magic(workers)
-    return workers
-
-
 class LiveWorkers:
     """A running group of live workers (see the module docstring). Use `start_workers`."""
 
@@ -121,7 +85,7 @@ class LiveWorkers:
     ) -> None:
         self.plan = plan
         self.call_timeout = plan.timeout
-        self.report = RunReport.for_plan(plan)
+        self.report = plan.new_report()
         main_rank = plan.node_rank * plan.local_world_size
         self.ranks = list(range(main_rank, main_rank + plan.local_world_size))
         self._observers = [ConsoleObserver(plan.output, main_rank=main_rank), *(observers or [])]
@@ -153,7 +117,7 @@ class LiveWorkers:
         """Start the workers and wait until each has joined the process group."""
         if self._group is not None:
             return
-        self.report = RunReport.for_plan(self.plan, started_at=time.time())
+        self.report = self.plan.new_report(started_at=time.time())
         rendezvous = _Rendezvous(self.plan, forks=True).__enter__()
         spec = dataclasses.replace(self.plan.worker_spec(rendezvous.port, 0), commands=True)
         group = WorkerGroup(spec, self._emit)
@@ -218,7 +182,7 @@ class LiveWorkers:
         KeyboardInterrupt or TimeoutError when stopped (they stay up if they
         stopped in time), GroupEnded if the group is not running.
         """
-        from notebook_accel.launch.fresh import pack
+        from notebook_accel.launch.packing import pack
 
         if not callable(function):
             raise TypeError(f"run() needs a function to call, got {type(function).__name__}")
@@ -580,7 +544,7 @@ class LiveWorkers:
     def _new_view(self) -> RunObserver | None:
         if self._live is False:
             return None
-        from notebook_accel.ui.live import in_notebook, live_view
+        from notebook_accel.views.live import in_notebook, live_view
 
         if self._live is None and not in_notebook():
             return None

@@ -4,7 +4,7 @@ A frame is a pickled `Call` behind an 8-byte length. The function, its
 arguments or a cell's source travel inside it by value (cloudpickle, as for
 workers in fresh interpreters: a function defined after the workers started
 exists only in the kernel). What comes back goes down the worker's event
-channel as a `CallFinished` (launch/events.py), its value packed by
+channel as a `CallFinished` (reporting/events.py), its value packed by
 live/values.py.
 
 Besides the user's calls, the kernel sends two of its own (live/regroup.py):

@@ -37,12 +37,12 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from notebook_accel import interrupts
-from notebook_accel.launch.events import CallFinished
 from notebook_accel.live import regroup
 from notebook_accel.live.protocol import Call, read_call
 from notebook_accel.live.values import pack
-from notebook_accel.nested import to_cpu
+from notebook_accel.reporting.events import CallFinished
+from notebook_accel.training import interrupts
+from notebook_accel.training.nested import to_cpu
 
 # A stop press asks the code to stop at its next check_trigger(); code that has
 # not stopped this much later is interrupted where it runs (the launcher waits
@@ -54,7 +54,7 @@ def serve() -> None:
     """Run as each live worker's function: join the process group, then serve calls
     until the kernel closes the command pipe."""
     from notebook_accel.launch import worker
-    from notebook_accel.state import PartialState
+    from notebook_accel.training.state import PartialState
 
     state = PartialState()  # joins the process group, as Accelerator() would
     channel = worker.current_channel()
@@ -138,7 +138,7 @@ def _failed(rank: int, call: Call, error: BaseException, started: float) -> Call
 def _execute(call: Call, namespace: dict[str, Any]) -> Any:
     if call.kind == "cell":
         return run_cell(call.payload.decode(), namespace, call.filename)
-    from notebook_accel.launch.fresh import unpack
+    from notebook_accel.launch.packing import unpack
 
     function, args, kwargs = unpack(call.payload)
     return in_namespace(function, namespace)(*args, **kwargs)
@@ -161,7 +161,7 @@ def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
     """`function` reading its global names from the worker's namespace (`__main__`'s).
 
     A function defined in the notebook arrives with copies of the kernel's
-    globals it uses, which `fresh.unpack` has already added to `__main__`
+    globals it uses, which `packing.unpack` has already added to `__main__`
     where the worker had no name of its own: a name the worker already holds
     (a model a cell put on its device) wins over the kernel's copy.
     """
@@ -185,7 +185,7 @@ def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """While the user's code runs, SIGINT asks it to stop: at once through
-    `Accelerator.check_trigger()` (notebook_accel/interrupts.py), and with
+    `Accelerator.check_trigger()` (training/interrupts.py), and with
     KeyboardInterrupt where it runs if it has not stopped FORCE_AFTER_SECONDS
     later. Outside a call both signals change nothing."""
     running = [True]

@@ -4,75 +4,21 @@ A launch plan and a worker's environment carry only a platform's name; both
 the launching process and the worker find the same class here. A new device
 (Apple MPS, Intel XPU) is one new module with a `Platform` subclass and one
 line in `PLATFORMS`.
+
+    registry.py     PLATFORMS and the lookups (imported on first use of a name from here,
+                    so that cuda_origin, imported by `import notebook_accel`, stays light)
+    base.py, cpu.py, cuda.py, xla.py  the platforms; hardware.py: what a machine has
+    collectives.py  a platform's primitive collectives
+    cuda_origin.py  which line started CUDA in this process (the kernel's half)
+    probes.py       Accelerate's is_*_available, answered without importing packages
+
+May import: config.
 """
 
 from __future__ import annotations
 
-import os
-
-import torch
-import torch.distributed as dist
-
-from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
-from notebook_accel.platforms.cpu import CpuPlatform
-from notebook_accel.platforms.cuda import CudaPlatform, detect_gpus
-from notebook_accel.platforms.hardware import GpuInfo, Hardware, XlaInfo, cpu_cores
-from notebook_accel.platforms.xla import XlaPlatform, detect_xla
-
-# In the order a launch prefers them when the caller does not choose.
-PLATFORMS: dict[str, Platform] = {
-    platform.name: platform for platform in (CudaPlatform(), XlaPlatform(), CpuPlatform())
-}
-
-
-def platform_named(name: str) -> Platform:
-    """The platform called `name`, or a ValueError that lists the choices."""
-    try:
-        return PLATFORMS[name]
-    except (KeyError, TypeError):
-        raise ValueError(
-            f"backend={name!r} must be one of {', '.join(sorted(PLATFORMS))} (or None)."
-        ) from None
-
-
-def offered_platforms(hardware: Hardware) -> list[str]:
-    """The platforms this machine offers, the preferred first (CPU is always there)."""
-    return [name for name, platform in PLATFORMS.items() if platform.offered(hardware)]
-
-
-def default_platform(hardware: Hardware) -> Platform:
-    """The platform a launch uses when the caller does not choose one."""
-    return PLATFORMS[hardware.accelerator]
-
-
-def platform_for_process() -> Platform:
-    """The platform of a process outside any launch of ours.
-
-    Under torchrun (or a process group the caller made) the group's backend
-    says which; otherwise a GPU when one is visible, else the CPU.
-    """
-    if dist.is_available() and dist.is_initialized():
-        backend = dist.get_backend()
-        for platform in PLATFORMS.values():
-            if platform.process_group_backend == backend:
-                return platform
-        return PLATFORMS["cpu"]
-    return PLATFORMS["cuda" if torch.cuda.is_available() else "cpu"]
-
-
-def detect_hardware() -> Hardware:
-    """Read the machine's GPUs, TPU cores, CPU cores and memory, initialising nothing."""
-    import psutil  # here: a worker's Accelerator() never needs it
-
-    xla = detect_xla(os.environ)
-    return Hardware(
-        gpus=detect_gpus(),
-        tpu_cores=xla.devices if xla and xla.device_type == "TPU" else 0,
-        xla=xla,
-        cpu_cores=cpu_cores(),
-        ram_bytes=psutil.virtual_memory().total,
-    )
-
+import importlib
+from typing import Any
 
 __all__ = [
     "PLATFORMS",
@@ -91,3 +37,15 @@ __all__ = [
     "platform_for_process",
     "platform_named",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module("notebook_accel.platforms.registry"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -23,10 +23,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_accel import ops
-from notebook_accel.config import ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS
-from notebook_accel.data import DataLoaderShard
-from notebook_accel.kwargs import InitProcessGroupKwargs
+from notebook_accel.config.kwargs import InitProcessGroupKwargs
+from notebook_accel.config.settings import ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS
+from notebook_accel.platforms.collectives import Collectives
 from notebook_accel.platforms.hardware import Hardware, cpu_cores
 
 
@@ -195,9 +194,9 @@ class Platform:
         if not dist.is_initialized():
             join_process_group(self.process_group_backend, init_kwargs)
 
-    def collectives(self) -> ops.Collectives:
-        """The primitive collectives `notebook_accel.ops` runs on."""
-        return ops.Collectives()
+    def collectives(self) -> Collectives:
+        """The primitive collectives `notebook_accel.training.ops` runs on."""
+        return Collectives()
 
     def device(self, local_rank: int) -> torch.device:
         """The device this process trains on."""
@@ -227,9 +226,8 @@ class Platform:
         the CPU. Called by the process that writes, after `barrier()`."""
         torch.save(obj, path)
 
-    def data_loader_class(self) -> type[DataLoaderShard]:
-        """The DataLoaderShard class that feeds this device."""
-        return DataLoaderShard
+    def before_batch_transfer(self) -> None:
+        """Called by a prepared loader before each batch goes to this device."""
 
     def copy_stream(self, device: torch.device) -> Any:
         """A side stream on which prepared loaders copy the next batch while the

@@ -17,8 +17,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from notebook_accel import cuda_origin, ops
+from notebook_accel.platforms import cuda_origin
 from notebook_accel.platforms.base import DistributedType, Platform
+from notebook_accel.platforms.collectives import Collectives
 from notebook_accel.platforms.hardware import GpuInfo, Hardware, cpu_cores
 
 # Name the line that starts CUDA in this process, should one do so before a launch.
@@ -34,26 +35,7 @@ class CudaPlatform(Platform):
     device_noun = "GPU"
     chooses_devices = True
     pins_host_memory = True
-    # Libraries that may create a CUDA context or query the driver when imported.
-    device_packages = (
-        "apex",
-        "bitsandbytes",
-        "cuda",
-        "cupy",
-        "cupy_backends",
-        "deepspeed",
-        "flash_attn",
-        "numba.cuda",
-        "nvidia",
-        "pycuda",
-        "tensorrt",
-        "torch_tensorrt",
-        "torchao",
-        "transformer_engine",
-        "triton",
-        "vllm",
-        "xformers",
-    )
+    device_packages = cuda_origin.CUDA_LIBRARIES
 
     # -- the kernel's half -------------------------------------------------------
 
@@ -147,9 +129,9 @@ class CudaPlatform(Platform):
         )
         return Hardware(gpus=(gpu,), cpu_cores=cpu_cores())
 
-    def collectives(self) -> ops.Collectives:
+    def collectives(self) -> Collectives:
         # nccl only moves CUDA tensors: CPU ones go through this process's GPU.
-        return ops.Collectives(staging=_nccl_staging_device)
+        return Collectives(staging=_nccl_staging_device)
 
     def device(self, local_rank: int) -> torch.device:
         if local_rank >= torch.cuda.device_count():

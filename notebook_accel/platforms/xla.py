@@ -40,10 +40,9 @@ from typing import Any
 
 import torch
 
-from notebook_accel import ops
-from notebook_accel.data import DataLoaderShard
-from notebook_accel.kwargs import InitProcessGroupKwargs
+from notebook_accel.config.kwargs import InitProcessGroupKwargs
 from notebook_accel.platforms.base import DistributedType, Platform
+from notebook_accel.platforms.collectives import Collectives
 from notebook_accel.platforms.hardware import Hardware, XlaInfo
 
 # torch_xla's last release: 2.9, for torch 2.9 (pytorch/xla#9752 asks whether it
@@ -114,7 +113,7 @@ class XlaPlatform(Platform):
     and world come from the XLA runtime and there is no torch.distributed
     group to join. Gradients are averaged at the optimizer step
     (`xm.reduce_gradients`), not by a DDP wrapper; batches and collectives
-    cut the lazy graph (see XlaDataLoaderShard and XlaCollectives below).
+    cut the lazy graph (see before_batch_transfer and XlaCollectives below).
     """
 
     name = "xla"
@@ -275,7 +274,7 @@ class XlaPlatform(Platform):
     def join(self, init_kwargs: InitProcessGroupKwargs) -> None:
         pass  # torch_xla's initialiser already set the replication up
 
-    def collectives(self) -> ops.Collectives:
+    def collectives(self) -> Collectives:
         return XlaCollectives()
 
     def device(self, local_rank: int) -> torch.device:
@@ -300,8 +299,16 @@ class XlaPlatform(Platform):
         # caller is already the one process that writes.
         _xla_model().save(obj, path, master_only=False)
 
-    def data_loader_class(self) -> type[DataLoaderShard]:
-        return XlaDataLoaderShard
+    def before_batch_transfer(self) -> None:
+        # Each batch starts a new lazy graph: the graph the previous step built is
+        # cut and sent off to run (torch_xla.sync(), which does not wait), as
+        # torch_xla's MpDeviceLoader does on each `next`; without the cut, graphs
+        # would grow step after step. The transfer itself happens in the training
+        # thread, not in MpDeviceLoader's background threads: there an exception
+        # raised by the dataset ends the thread, and the epoch, early and silently,
+        # and their shuffling would draw from the global generator concurrently
+        # with the training loop.
+        import_torch_xla().sync()
 
     def rng_states(self) -> dict[str, Any]:
         if "torch_xla" not in sys.modules:  # never imported here: nothing to save
@@ -356,7 +363,7 @@ def _how_to_get_the_tpu(platform: str) -> str:
     return ""
 
 
-class XlaCollectives(ops.Collectives):
+class XlaCollectives(Collectives):
     """The same collectives through torch_xla (TPU cores, or XLA's CPU device).
 
     XLA tensors are lazy: each collective ends with a graph cut, so that every
@@ -403,25 +410,6 @@ class XlaCollectives(ops.Collectives):
             "notebook_accel.broadcast_object_list", list(objects), lambda every: every[src]
         )
         objects[:] = chosen
-
-
-class XlaDataLoaderShard(DataLoaderShard):
-    """A DataLoaderShard for XLA devices: each batch starts a new lazy graph.
-
-    Before a batch goes to the device, the graph the previous step built is
-    cut and sent off to run (`torch_xla.sync()`, which does not wait), as
-    torch_xla's MpDeviceLoader does on each `next`; without the cut, graphs
-    would grow step after step. The transfer itself happens here, in the
-    training thread, not in MpDeviceLoader's background threads: there an
-    exception raised by the dataset ends the thread, and the epoch, early and
-    silently, and their shuffling would draw from the global generator
-    concurrently with the training loop.
-    """
-
-    def _to_device(self, batch: Any) -> Any:
-        if self.device is not None:
-            import_torch_xla().sync()
-        return super()._to_device(batch)
 
 
 # -- counting TPU chips without starting the runtime -----------------------------

@@ -1,1 +1,4 @@
-"""Views of a run in the notebook: a live display for launches, and the control panel."""
+"""The control panel: choose devices and precision, launch, watch, stop (panel.py).
+
+May import: config, platforms, reporting, launch, views.
+"""

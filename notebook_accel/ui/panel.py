@@ -16,9 +16,10 @@ from html import escape
 from typing import Any
 
 from notebook_accel.launch.options import OPTIONS, LaunchConfig
-from notebook_accel.platforms import PLATFORMS, Hardware, detect_hardware, offered_platforms
-from notebook_accel.ui import format as fmt
-from notebook_accel.ui.state import RunView
+from notebook_accel.platforms.hardware import Hardware
+from notebook_accel.platforms.registry import PLATFORMS, detect_hardware, offered_platforms
+from notebook_accel.views import format as fmt
+from notebook_accel.views.state import RunView
 
 
 @dataclass
@@ -153,7 +154,7 @@ class LaunchPanel:
     ) -> None:
         import ipywidgets as w
 
-        from notebook_accel.ui.widgets import RunWidgets
+        from notebook_accel.views.widgets import RunWidgets
 
         self.function, self.args, self.kwargs = function, tuple(args), dict(kwargs or {})
         self.choices = PanelChoices.for_hardware(hardware or detect_hardware())
@@ -427,7 +428,6 @@ class LaunchPanel:
         """Start a run with the current choices (in a thread, so Stop stays clickable)."""
         from notebook_accel.launch.launcher import run_plan
         from notebook_accel.launch.preflight import plan_launch
-        from notebook_accel.launch.report import RunReport
         from notebook_accel.launch.supervisor import StopSignal
 
         if self.running:
@@ -448,7 +448,7 @@ class LaunchPanel:
         self.outcome.value = ""
         self._say("")
         stop = self._stop = StopSignal()
-        report = self.report = RunReport.for_plan(plan)
+        report = self.report = plan.new_report()
         view = _PanelRun(self)
 
         def run() -> None:

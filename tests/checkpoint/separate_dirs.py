@@ -29,8 +29,8 @@ from notebook_accel import (
     latest_checkpoint,
     set_seed,
 )
-from notebook_accel import checkpoint as checkpoint_module
-from notebook_accel import fsdp as fsdp_module
+from notebook_accel.checkpoint import training_state as checkpoint_module
+from notebook_accel.training import fsdp as fsdp_module
 
 BATCH, STEPS_PER_EPOCH, EPOCHS = 4, 6, 3
 

@@ -15,7 +15,7 @@ from notebook_accel import (
     load_model_weights,
     notebook_launcher,
 )
-from notebook_accel.checkpoint import list_checkpoints, parse_size
+from notebook_accel.checkpoint.training_state import list_checkpoints, parse_size
 
 
 def _model(width=8):
@@ -281,7 +281,7 @@ def test_a_file_whose_bytes_changed_but_not_its_size_is_named(tmp_path, name):
 
 
 def test_the_manifest_records_each_file_checksum_as_computed_from_the_file(tmp_path):
-    from notebook_accel.checksums import file_checksum
+    from notebook_accel.checkpoint.checksums import file_checksum
 
     accelerator, model, optimizer = _prepared()
     accelerator.save_state(tmp_path, safe_serialization=False)
@@ -307,7 +307,7 @@ def test_checksums_joined_in_pieces_equal_zlib_over_the_whole():
     import random
     import zlib
 
-    from notebook_accel.checksums import crc32_combine
+    from notebook_accel.checkpoint.checksums import crc32_combine
 
     rng = random.Random(7)
     for _ in range(100):

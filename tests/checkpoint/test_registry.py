@@ -13,10 +13,10 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-import notebook_accel.checkpoint as checkpoint_module
+import notebook_accel.checkpoint.training_state as checkpoint_module
 from notebook_accel import Accelerator, CheckpointError, ProjectConfiguration
-from notebook_accel.checkpoint import CheckpointContext, load_state, save_state
-from notebook_accel.registry import TrainingObjects
+from notebook_accel.checkpoint.training_state import CheckpointContext, load_state, save_state
+from notebook_accel.training.registry import TrainingObjects
 
 
 class Counter:
@@ -248,7 +248,7 @@ def test_checkpoint_module_neither_imports_nor_reads_the_accelerator():
     assert "accelerator" not in names and "Accelerator" not in names
     # Importing it alone does not pull the Accelerator in either.
     code = (
-        "import sys, notebook_accel.checkpoint; "
-        "sys.exit('notebook_accel.accelerator' in sys.modules)"
+        "import sys, notebook_accel.checkpoint.training_state; "
+        "sys.exit('notebook_accel.accelerator.accelerator' in sys.modules)"
     )
     assert subprocess.run([sys.executable, "-c", code], timeout=120).returncode == 0

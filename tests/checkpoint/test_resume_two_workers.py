@@ -26,8 +26,8 @@ from notebook_accel import (
     notebook_launcher,
     set_seed,
 )
-from notebook_accel import checkpoint as checkpoint_module
-from notebook_accel.checkpoint import list_checkpoints
+from notebook_accel.checkpoint import training_state as checkpoint_module
+from notebook_accel.checkpoint.training_state import list_checkpoints
 
 N, BATCH, EPOCHS = 48, 4, 3  # 48 samples / (4 per rank x 2 ranks) = 6 steps per epoch
 

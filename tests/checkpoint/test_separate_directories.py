@@ -21,7 +21,7 @@ import separate_dirs
 import torch
 
 from notebook_accel import Accelerator, CheckpointError, WorkerError, notebook_launcher
-from notebook_accel.checkpoint import MANIFEST, _choose_save, _saved_id
+from notebook_accel.checkpoint.training_state import MANIFEST, _choose_save, _saved_id
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -183,9 +183,13 @@ def test_a_bad_target_on_one_process_is_refused_on_every_process_before_anything
 
 
 def test_files_of_processes_that_did_not_see_the_directory_stop_the_save(tmp_path):
-    from notebook_accel.checkpoint import CheckpointContext, _Sharing, _write_manifest
-    from notebook_accel.kwargs import ProjectConfiguration
-    from notebook_accel.registry import TrainingObjects
+    from notebook_accel.checkpoint.training_state import (
+        CheckpointContext,
+        _Sharing,
+        _write_manifest,
+    )
+    from notebook_accel.config.kwargs import ProjectConfiguration
+    from notebook_accel.training.registry import TrainingObjects
 
     # A file system that showed process 1 its directory late: process 0 saw only its
     # own files, and then process 1's appeared in the same directory.

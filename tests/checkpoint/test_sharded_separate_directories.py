@@ -20,7 +20,7 @@ import separate_dirs
 import torch
 
 from notebook_accel import WorkerError, notebook_launcher
-from notebook_accel.checkpoint import MANIFEST, _saved_id
+from notebook_accel.checkpoint.training_state import MANIFEST, _saved_id
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -21,7 +21,7 @@ import pytest
 import separate_dirs
 import torch
 
-from notebook_accel.checkpoint import MANIFEST, _saved_id, list_checkpoints
+from notebook_accel.checkpoint.training_state import MANIFEST, _saved_id, list_checkpoints
 from tests_support import free_port, run_together
 
 NODE_RUN = Path(__file__).with_name("node_run.py")

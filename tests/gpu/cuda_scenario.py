@@ -77,8 +77,8 @@ def launch(precision: str, function=train, args: tuple = (), **options) -> dict:
 
     from notebook_accel import detect_hardware, last_run
     from notebook_accel.launch.launcher import run_plan
-    from notebook_accel.launch.observers import ConsoleObserver
     from notebook_accel.launch.preflight import plan_launch
+    from notebook_accel.reporting.observers import ConsoleObserver
 
     gpus = len(detect_hardware().gpus)
     started = time.perf_counter()

@@ -7,7 +7,7 @@ import os
 import pytest
 
 from notebook_accel.launch.channel import ChannelReader, ChannelWriter
-from notebook_accel.launch.events import (
+from notebook_accel.reporting.events import (
     MetricRecord,
     PeakResources,
     Progress,

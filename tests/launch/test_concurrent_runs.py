@@ -9,9 +9,8 @@ import pytest
 
 from notebook_accel import Accelerator, last_run, notebook_launcher
 from notebook_accel.launch.launcher import run_plan
-from notebook_accel.launch.observers import RunObserver
 from notebook_accel.launch.preflight import plan_launch
-from notebook_accel.launch.report import RunReport
+from notebook_accel.reporting.observers import RunObserver
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
 pytestmark = pytest.mark.usefixtures("each_start_method")
@@ -50,7 +49,7 @@ def test_a_panel_style_run_and_a_cell_run_each_keep_their_own_report():
         backend="cpu",
         single_in_process=False,
     )
-    panel_report = RunReport.for_plan(plan)
+    panel_report = plan.new_report()
     seen = ReportsSeen()
     returned = {}
 

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from notebook_accel import WorkerError, last_run, notebook_launcher
-from notebook_accel.config import ENV_BACKEND
-from notebook_accel.launch import fresh
+from notebook_accel.config.settings import ENV_BACKEND
+from notebook_accel.launch import fresh, packing
 
 
 class OnGpu(torch.Tensor):
@@ -73,7 +73,7 @@ def test_gpu_tensors_in_the_arguments_reach_cpu_workers_on_the_cpu():
 def test_gpu_tensors_are_sent_as_cpu_copies_placed_by_each_worker():
     """The pickled bytes hold CPU copies and a call that places them on the worker's device."""
     gpu = torch.ones(2).as_subclass(OnGpu)
-    blob = fresh.pack(len, ({"x": gpu},), {})
+    blob = packing.pack(len, ({"x": gpu},), {})
     assert b"_on_worker_device" in blob
     code = textwrap.dedent(
         f"""

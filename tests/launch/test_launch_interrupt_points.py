@@ -23,8 +23,8 @@ import torch.distributed as dist
 
 from notebook_accel import notebook_launcher
 from notebook_accel.launch import forking, launcher, supervisor
-from notebook_accel.launch.events import AttemptStarted, Result, RunEnded, WorkerExited
-from notebook_accel.launch.observers import RunObserver
+from notebook_accel.reporting.events import AttemptStarted, Result, RunEnded, WorkerExited
+from notebook_accel.reporting.observers import RunObserver
 from tests_support import live_children
 from tests_support import open_fds_once_back_to as fds_back_to
 

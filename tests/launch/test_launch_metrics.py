@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from notebook_accel import Accelerator, last_run, notebook_launcher, progress_bar
-from notebook_accel.launch.observers import RunObserver
-from notebook_accel.metrics import MetricRecord
+from notebook_accel.reporting.metrics import MetricRecord
+from notebook_accel.reporting.observers import RunObserver
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
 pytestmark = pytest.mark.usefixtures("each_start_method")
@@ -149,7 +149,7 @@ def test_metrics_waiting_for_their_batch_arrive_when_a_worker_exits():
 def test_a_failed_single_process_start_leaves_no_metric_sink_behind():
     import socket
 
-    from notebook_accel.launch import destination
+    from notebook_accel.reporting import destination
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))

@@ -9,13 +9,13 @@ import warnings
 import pytest
 import torch
 
-from notebook_accel import cuda_origin, notebook_launcher, platforms
-from notebook_accel.cuda_origin import CudaOrigin
+from notebook_accel import notebook_launcher, platforms
 from notebook_accel.launch import preflight
 from notebook_accel.launch.fresh import ENV_START_METHOD
 from notebook_accel.launch.launcher import fresh_start_message
 from notebook_accel.launch.preflight import holds_gpu_tensors, plan_launch
-from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda
+from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda, cuda_origin
+from notebook_accel.platforms.cuda_origin import CudaOrigin
 from tests_support import live_children
 
 CPU_ONLY = Hardware(gpus=(), cpu_cores=2, ram_bytes=1 << 30)

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import last_run, notebook_launcher
-from notebook_accel.config import LaunchSettings
+from notebook_accel.config.settings import LaunchSettings
 from tests_support import live_children
 
 # Every test here runs with forked workers and with workers in fresh interpreters.

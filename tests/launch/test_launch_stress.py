@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 from notebook_accel import WorkerError, notebook_launcher
 from notebook_accel.launch.launcher import run_plan
-from notebook_accel.launch.observers import RunObserver
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.supervisor import StopSignal
+from notebook_accel.reporting.observers import RunObserver
 from tests_support import live_children
 from tests_support import open_fds_once_back_to as fds_back_to
 

@@ -32,7 +32,7 @@ def corpus(lines: int = 120, seed: int = 0) -> list[str]:
 
 def packed_data(lines: int = 120, block_size: int = BLOCK):
     """A tokenizer trained on the corpus, and the corpus packed into blocks with it."""
-    from notebook_accel.text import pack_texts, train_tokenizer
+    from notebook_accel.training.text import pack_texts, train_tokenizer
 
     texts = corpus(lines)
     tokenizer = train_tokenizer(texts, vocab_size=VOCAB)

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from notebook_accel.footprint import MemoryFootprint, footprint_table, training_footprint
+from notebook_accel.training.footprint import MemoryFootprint, footprint_table, training_footprint
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "llm_memory.py"
 

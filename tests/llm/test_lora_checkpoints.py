@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from notebook_accel import DataLoaderConfiguration, notebook_launcher  # noqa: E402
-from notebook_accel.text import PackedTokens  # noqa: E402
+from notebook_accel.training.text import PackedTokens
 
 EPOCHS, STOP_AT = 2, 8  # 6 steps an epoch: the save is the 2nd step of epoch 2
 

@@ -23,7 +23,7 @@ pytest.importorskip("accelerate", reason="accelerate==1.15.0 (a dev dependency) 
 import llm_runs  # noqa: E402
 
 from notebook_accel import notebook_launcher  # noqa: E402
-from notebook_accel.text import PackedTokens  # noqa: E402
+from notebook_accel.training.text import PackedTokens
 
 RUNS = [
     ("accelerate", "ddp"),

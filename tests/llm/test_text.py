@@ -12,8 +12,8 @@ pytest.importorskip("transformers", reason="transformers is not installed")
 
 import llm_runs  # noqa: E402
 
-from notebook_accel.optional import MissingDependencyError  # noqa: E402
-from notebook_accel.text import PackedTokens, pack_texts, train_tokenizer  # noqa: E402
+from notebook_accel.config.optional import MissingDependencyError
+from notebook_accel.training.text import PackedTokens, pack_texts, train_tokenizer
 
 
 def test_the_tokenizer_round_trips_any_text_and_saves(tmp_path):

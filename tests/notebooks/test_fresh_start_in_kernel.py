@@ -47,7 +47,7 @@ except WorkerError as error:
     print(error.traceback)
 """,
         """
-import notebook_accel.cuda_origin as cuda_origin
+import notebook_accel.platforms.cuda_origin as cuda_origin
 
 class FakeCuda:  # this kernel may have no GPU: a stand-in for torch.cuda
     started = False

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from notebook_accel.data import DataLoaderShard
-from notebook_accel.ops import Collectives
 from notebook_accel.platforms import PLATFORMS, CpuPlatform, DistributedType, Hardware
+from notebook_accel.platforms.collectives import Collectives
 
 LAPTOP = Hardware(cpu_cores=8, ram_bytes=16 << 30)
 ONE_CORE = Hardware(cpu_cores=1)
@@ -54,7 +53,6 @@ def test_worker_half_reads_its_place_from_the_environment(monkeypatch):
     assert cpu.placement() == (3, 4, 1, 2)
     assert cpu.device(1) == torch.device("cpu")
     assert type(cpu.collectives()) is Collectives
-    assert cpu.data_loader_class() is DataLoaderShard
     assert cpu.ddp_kwargs(torch.device("cpu")) == {}
     assert cpu.distributed_type is DistributedType.MULTI_CPU and cpu.wraps_model_in_ddp
     assert cpu.process_hardware().cpu_cores >= 1

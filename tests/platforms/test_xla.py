@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from notebook_accel.platforms import Hardware, XlaInfo, XlaPlatform
-from notebook_accel.platforms.xla import XlaCollectives, XlaDataLoaderShard
+from notebook_accel.platforms.xla import XlaCollectives
 
 V3_8 = Hardware(tpu_cores=8, xla=XlaInfo("TPU", 4, 2, "v3-8", "kaggle"), cpu_cores=96)
 XLA_CPU = Hardware(xla=XlaInfo("CPU", 1, 1), cpu_cores=2)
@@ -80,15 +80,16 @@ def test_worker_half_goes_through_torch_xla(fake_torch_xla):
     assert tpu.placement() == (5, 8, 1, 2)
     assert tpu.device(0) == torch.device("cpu")
     assert isinstance(tpu.collectives(), XlaCollectives)
-    assert tpu.data_loader_class() is XlaDataLoaderShard
     assert not tpu.wraps_model_in_ddp
     tpu.barrier()
     tpu.reduce_gradients(object())
     tpu.end_step()
-    # The barrier cuts the graph before the processes meet.
+    tpu.before_batch_transfer()
+    # The barrier cuts the graph before the processes meet; each batch starts a new graph.
     assert fake_torch_xla == [
         "sync",
         "rendezvous notebook_accel.barrier",
         "reduce_gradients",
+        "sync",
         "sync",
     ]

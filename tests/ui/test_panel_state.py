@@ -203,9 +203,9 @@ def test_a_tpu_runtime_is_offered_with_every_core():
 
 
 def test_a_view_on_the_second_machine_lists_that_machines_ranks():
-    from notebook_accel.launch.events import AttemptStarted
-    from notebook_accel.launch.report import RunReport
-    from notebook_accel.ui.widgets import ranks_html
+    from notebook_accel.reporting.events import AttemptStarted
+    from notebook_accel.reporting.report import RunReport
+    from notebook_accel.views.widgets import ranks_html
 
     report = RunReport(main_rank=2)  # node 1 of 2, two workers each
     report.apply(AttemptStarted(workers=2, attempt=0))

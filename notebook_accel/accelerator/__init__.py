@@ -1,0 +1,10 @@
+"""The Accelerator: Accelerate's facade over training, checkpoints and reporting.
+
+    accelerator.py  Accelerator: prepare, backward, accumulate, autocast, gather, save_state...
+    tracking.py     trackers for accelerator.log (TensorBoard, wandb, ...; GeneralTracker)
+    profiling.py    accelerator.profile() with ProfileKwargs (torch.profiler)
+    local_sgd.py    LocalSGD; comm_hooks.py: DDP communication hooks
+    batch_size.py   find_executable_batch_size, release_memory
+
+May import: config, platforms, reporting, training, checkpoint.
+"""

@@ -1,0 +1,52 @@
+"""`torch.compile` in `prepare`, and the way back to the user's module.
+
+`prepare` compiles after DDP or FSDP has wrapped the model, as Accelerate does;
+`torch.compile` returns an `OptimizedModule` whose `_orig_mod` is what it
+compiled. `unwrap_compiled` takes that layer off.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+
+from notebook_accel.config.kwargs import TorchDynamoPlugin
+
+
+def plugin_for(
+    dynamo_backend: str | None,
+    dynamo_plugin: TorchDynamoPlugin | None,
+    compile: bool,
+    compile_problem: Callable[[str], str | None] = lambda backend: None,
+) -> TorchDynamoPlugin | None:
+    """The compile settings from the Accelerator's arguments, or None for no compiling."""
+    if dynamo_plugin is not None and dynamo_backend is not None:
+        raise ValueError("pass dynamo_backend= or dynamo_plugin=, not both.")
+    if dynamo_plugin is None:
+        if dynamo_backend is None:
+            dynamo_backend = "inductor" if compile else "no"
+        dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
+    if not dynamo_plugin.enabled:
+        return None
+    # The device's platform knows what its compiler backend needs (C++ on the CPU).
+    problem = compile_problem(dynamo_plugin.backend)
+    if problem:
+        raise RuntimeError(problem)
+    return dynamo_plugin
+
+
+def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn.Module:
+    """`torch.compile(model, ...)`; compiling happens at the first forward."""
+    return torch.compile(model, **plugin.to_kwargs())
+
+
+def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """The module `torch.compile` wrapped (the model itself when it was not compiled)."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None:  # nothing was compiled in this process (and dynamo stays unloaded)
+        return model
+    while isinstance(model, eval_frame.OptimizedModule):
+        model = model._orig_mod
+    return model

@@ -1,0 +1,107 @@
+"""The live display of a launch: widgets in a notebook, text lines in a script."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from notebook_accel.reporting.report import RunReport
+from notebook_accel.views import format as fmt
+from notebook_accel.views.state import RunView
+
+
+def in_notebook() -> bool:
+    """True inside a Jupyter kernel (JupyterLab, Notebook, VS Code, Colab)."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None:
+        return False
+    shell = ipython.get_ipython()
+    return shell is not None and hasattr(shell, "kernel")
+
+
+def live_view(plan: Any = None, force: bool = False) -> RunView | None:
+    """The right live display for where the launch runs.
+
+    `force` shows the widgets from the start, not only once progress or a
+    metric arrives. `plan` is accepted for callers that pass it; a view reads
+    everything from the run's report.
+    """
+    if in_notebook():
+        try:
+            import ipywidgets  # noqa: F401
+        except ImportError:
+            return TextView()
+        return WidgetView(show_always=force)
+    return TextView()
+
+
+class WidgetView(RunView):
+    """Shows progress, metrics and the loss curve under the running cell.
+
+    It appears with the first progress update or metric, so a launch that
+    reports neither leaves the cell as it was.
+    """
+
+    def __init__(self, show_always: bool = False) -> None:
+        super().__init__()
+        self.show_always = show_always
+        self.widgets = None
+
+    def changed(self, final: bool) -> None:
+        report = self.report
+        if self.widgets is None:
+            if not (report.has_live_data or self.show_always):
+                return
+            from IPython.display import display
+
+            from notebook_accel.views.widgets import RunWidgets
+
+            self.widgets = RunWidgets()
+            display(self.widgets.box)
+        self.widgets.refresh(report)
+
+
+class TextView(RunView):
+    """Prints a progress line every few seconds, and a summary at the end."""
+
+    interval = 2.0
+
+    def __init__(self, stream: TextIO | None = None) -> None:
+        super().__init__()
+        self.stream = stream
+        self._last_line = ""
+
+    def changed(self, final: bool) -> None:
+        report = self.report
+        if not report.has_live_data:
+            return
+        out = self.stream or sys.stdout
+        if final:
+            memory = ", ".join(
+                f"rank {rank} {fmt.size(figures.get('peak_rss_bytes'))}"
+                for rank, figures in sorted(report.resources.items())
+            )
+            out.write(
+                f"[notebook_accel] {report.status} in {fmt.duration(report.duration)}"
+                + (f" · peak memory: {memory}" if memory else "")
+                + "\n"
+            )
+        else:
+            line = status_line(report)
+            if line == self._last_line:
+                return
+            self._last_line = line
+            out.write(f"[notebook_accel] {line}\n")
+        out.flush()
+
+
+def status_line(report: RunReport) -> str:
+    """One line of a report's progress and latest metric values."""
+    parts = []
+    if report.progress:
+        progress = report.progress
+        parts.append(
+            fmt.progress_line(progress["step"], progress.get("total"), progress["elapsed"])
+        )
+    parts += [f"{name} {fmt.number(value)}" for name, value in report.latest.items()]
+    return " · ".join(parts)
