@@ -20,6 +20,7 @@ from __future__ import annotations
 import gc
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -154,6 +155,11 @@ def _observe(work: Path) -> dict:
 def _run_with_accelerate(script: Path, argv: list[str], env: dict, work: Path) -> None:
     from accelerate import notebook_launcher
 
+    # Accelerate's launcher leaves torch.distributed.elastic's handlers for these
+    # signals installed after it returns (its SIGINT handler then raises
+    # SignalException instead of KeyboardInterrupt): later tests of this process
+    # must find the handlers they had.
+    handlers = {signum: signal.getsignal(signum) for signum in _ELASTIC_SIGNALS}
     os.environ["ACCELERATE_USE_CPU"] = "true"  # Accelerate's CPU workers (accelerate launch --cpu)
     try:
         notebook_launcher(
@@ -164,6 +170,11 @@ def _run_with_accelerate(script: Path, argv: list[str], env: dict, work: Path) -
         )
     finally:
         del os.environ["ACCELERATE_USE_CPU"]
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+
+
+_ELASTIC_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def _run_with_ours(script: Path, argv: list[str], env: dict, work: Path) -> None:
@@ -274,3 +285,9 @@ def test_the_port_changes_import_statements_only():
         "    return 'accelerate'",
     ]
     assert transformers  # imported above for the workers
+
+
+def test_accelerate_s_reference_runs_leave_this_process_s_signal_handlers_as_they_were(runs):
+    before = {signum: signal.getsignal(signum) for signum in _ELASTIC_SIGNALS}
+    runs.run("nlp_example", _run_with_accelerate, "accelerate-signals")  # a run of its own
+    assert {signum: signal.getsignal(signum) for signum in _ELASTIC_SIGNALS} == before
