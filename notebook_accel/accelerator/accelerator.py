@@ -1,8 +1,11 @@
 """The `Accelerator`: one object a training function talks to, with Accelerate's API.
 
-It is a thin facade. Who this process is lives in `state`, mixed precision in
-`precision`, sharding in `data`, step bookkeeping in `training`, collectives
-in `ops`; the methods here only connect them.
+It is a thin facade. Who this process is lives in training/state.py, mixed
+precision in training/precision.py, sharding in training/data.py, step
+bookkeeping in training/optimizers.py, collectives in training/ops.py,
+checkpoints in checkpoint/; the methods here only connect them. What only some
+runs use (checkpoints, profiling, peft adapters) is imported on first use, so
+that a worker's first `Accelerator()` imports only what it needs.
 """
 
 from __future__ import annotations
@@ -12,15 +15,14 @@ import gc
 import os
 import warnings
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
 
-from notebook_accel.accelerator import comm_hooks, profiling
+from notebook_accel.accelerator import comm_hooks
 from notebook_accel.accelerator.tracking import Trackers
-from notebook_accel.checkpoint import training_state as checkpoint
 from notebook_accel.config.kwargs import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -37,8 +39,8 @@ from notebook_accel.config.kwargs import (
 )
 from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.reporting.destination import milestone
-from notebook_accel.training import adapters, fp8, fsdp, interrupts, ops
 from notebook_accel.training import compile as compiling
+from notebook_accel.training import fp8, fsdp, interrupts, ops
 from notebook_accel.training.data import prepare_data_loader
 from notebook_accel.training.loader import DataLoaderShard, SkipFirstBatches
 from notebook_accel.training.nested import apply_to_tensors
@@ -50,6 +52,9 @@ from notebook_accel.training.optimizers import (
 from notebook_accel.training.precision import Precision, restore_forward
 from notebook_accel.training.registry import TrainingObjects
 from notebook_accel.training.state import AcceleratorState, DistributedType
+
+if TYPE_CHECKING:
+    from notebook_accel.checkpoint.training_state import CheckpointContext
 
 
 class Accelerator:
@@ -800,6 +805,8 @@ class Accelerator:
         `kwargs_handlers`, else torch's defaults. With `output_trace_dir` each
         process writes `profile_<rank>.json` (a Chrome trace) there at the end.
         """
+        from notebook_accel.accelerator import profiling
+
         settings = profile_handler or self.profile_handler or ProfileKwargs()
         with profiling.profile(settings, self.process_index, self.wait_for_everyone) as prof:
             yield prof
@@ -855,8 +862,10 @@ class Accelerator:
         `project_dir/checkpoints/checkpoint_N` and `total_limit` old ones are kept.
         See `notebook_accel.checkpoint.training_state` for the files.
         """
+        from notebook_accel.checkpoint import training_state
+
         return str(
-            checkpoint.save_state(self._checkpoint_context(), output_dir, safe_serialization)
+            training_state.save_state(self._checkpoint_context(), output_dir, safe_serialization)
         )
 
     def load_state(self, input_dir: str | os.PathLike | None = None) -> str:
@@ -868,15 +877,19 @@ class Accelerator:
         saved epoch where it stopped. A missing, corrupted or mismatched
         checkpoint raises `CheckpointError` on every process and changes nothing.
         """
-        return str(checkpoint.load_state(self._checkpoint_context(), input_dir))
+        from notebook_accel.checkpoint import training_state
+
+        return str(training_state.load_state(self._checkpoint_context(), input_dir))
 
     def register_for_checkpointing(self, *objects: Any) -> None:
         """Include `objects` (each with `state_dict` and `load_state_dict`) in checkpoints."""
         self._objects.register(*objects)
 
-    def _checkpoint_context(self) -> checkpoint.CheckpointContext:
+    def _checkpoint_context(self) -> CheckpointContext:
         """What the checkpoint code needs, as of now (accumulation state included)."""
-        return checkpoint.CheckpointContext(
+        from notebook_accel.checkpoint.training_state import CheckpointContext
+
+        return CheckpointContext(
             objects=self._objects,
             project=self.project_configuration,
             process_index=self.process_index,
@@ -911,6 +924,9 @@ class Accelerator:
         (`adapter_config.json`, `adapter_model.safetensors`), which
         `PeftModel.from_pretrained` loads. Every process must call it.
         """
+        from notebook_accel.checkpoint import training_state
+        from notebook_accel.training import adapters
+
         model = self.unwrap_model(model)
         if adapters.is_peft_model(model):
             state = adapters.adapter_state_dict(model)  # gathered from every process
@@ -920,7 +936,7 @@ class Accelerator:
         if fsdp.is_sharded(model):  # every process sends its shards to the main one
             model = fsdp.full_state_dict(model)
         if self.is_main_process:
-            checkpoint.save_model(model, save_directory, max_shard_size, safe_serialization)
+            training_state.save_model(model, save_directory, max_shard_size, safe_serialization)
 
     # -- housekeeping -----------------------------------------------------------------
 
