@@ -28,8 +28,13 @@ MAY_IMPORT: dict[str, set[str]] = {
     "ui": {"config", "platforms", "reporting", "launch", "views"},
 }
 # The root: the public names, imported lazily, the command line, the demo, and the
-# public paths of two helper modules.
-PUBLIC_FACE = {"__init__", "_lazy", "utils", "cli", "demo", "text", "footprint"}
+# public module paths (Accelerate's, which ported code imports, and two helper
+# modules of ours), each a lazy re-export.
+PUBLIC_FACE = {
+    *("__init__", "_lazy", "utils", "cli", "demo"),
+    *("logging", "local_sgd", "tracking", "state"),
+    *("text", "footprint"),
+}
 
 
 def module_names() -> dict[str, Path]:

@@ -36,3 +36,39 @@ def test_accelerate_names_a_ported_notebook_imports_are_here():
         "get_logger",
     ):
         assert name in notebook_accel.__all__, name
+
+
+def test_the_module_paths_ported_code_and_the_docs_import_from_stay():
+    # Accelerate's module paths (the import line a port changes) and our documented ones.
+    from notebook_accel.accelerator import Accelerator
+    from notebook_accel.big_modeling import init_empty_weights, load_checkpoint_and_dispatch
+    from notebook_accel.footprint import MemoryFootprint, footprint_table, training_footprint
+    from notebook_accel.local_sgd import LocalSGD
+    from notebook_accel.logging import get_logger
+    from notebook_accel.state import AcceleratorState, GradientState, PartialState
+    from notebook_accel.text import PackedTokens, pack_texts, train_tokenizer
+    from notebook_accel.tracking import GeneralTracker, TensorBoardTracker
+    from notebook_accel.utils import find_executable_batch_size, gather, send_to_device
+
+    assert Accelerator is notebook_accel.Accelerator
+    assert get_logger is notebook_accel.get_logger
+    assert PartialState is notebook_accel.PartialState
+    assert AcceleratorState is notebook_accel.AcceleratorState
+    assert GradientState is notebook_accel.GradientState
+    for name in (
+        init_empty_weights,
+        load_checkpoint_and_dispatch,
+        MemoryFootprint,
+        footprint_table,
+        training_footprint,
+        LocalSGD,
+        PackedTokens,
+        pack_texts,
+        train_tokenizer,
+        GeneralTracker,
+        TensorBoardTracker,
+        find_executable_batch_size,
+        gather,
+        send_to_device,
+    ):
+        assert inspect.getdoc(name), name

@@ -8,3 +8,18 @@
 
 May import: config, platforms, reporting, training, checkpoint.
 """
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = ["Accelerator"]
+
+
+def __getattr__(name: str) -> Any:
+    # `from notebook_accel.accelerator import Accelerator` (Accelerate's accelerate.accelerator)
+    if name != "Accelerator":
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from notebook_accel.accelerator.accelerator import Accelerator
+
+    return Accelerator

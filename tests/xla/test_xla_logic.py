@@ -17,10 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from notebook_accel import platforms
 from notebook_accel.launch import preflight
 from notebook_accel.launch.preflight import plan_launch
-from notebook_accel.platforms import Hardware, LaunchRefused, XlaInfo
+from notebook_accel.platforms import Hardware, LaunchRefused, XlaInfo, registry
 from notebook_accel.platforms.xla import describe_tpu, detect_xla, install_command
 
 REPO = Path(__file__).resolve().parents[2]
@@ -215,12 +214,12 @@ def test_missing_libtpu_is_reported(tmp_path):
 
 
 def test_detect_reports_tpu_cores_and_prefers_xla(monkeypatch):
-    monkeypatch.setattr(platforms, "detect_xla", lambda environ: XlaInfo("TPU", 4, 2))
-    found = platforms.detect_hardware()
+    monkeypatch.setattr(registry, "detect_xla", lambda environ: XlaInfo("TPU", 4, 2))
+    found = registry.detect_hardware()
     assert found.tpu_cores == 8 and found.accelerator == "xla"
-    assert platforms.offered_platforms(found)[0] == "xla"
-    monkeypatch.setattr(platforms, "detect_xla", lambda environ: XlaInfo("CPU", 1, 1))
-    found = platforms.detect_hardware()
+    assert registry.offered_platforms(found)[0] == "xla"
+    monkeypatch.setattr(registry, "detect_xla", lambda environ: XlaInfo("CPU", 1, 1))
+    found = registry.detect_hardware()
     assert found.accelerator == "cpu"  # XLA's CPU device only when asked for
 
 
