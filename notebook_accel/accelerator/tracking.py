@@ -63,7 +63,7 @@ class GeneralTracker:
         if missing:
             raise NotImplementedError(
                 f"{type(self).__name__} must define {', '.join(missing)} to be a tracker "
-                "(see notebook_accel.accelerator.tracking.GeneralTracker)."
+                "(see notebook_accel.tracking.GeneralTracker)."
             )
 
     def start(self) -> None:

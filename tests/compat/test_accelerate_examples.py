@@ -277,7 +277,7 @@ def test_the_port_changes_import_statements_only():
         "import notebook_accel as accelerate",
         "import notebook_accel.utils as u",
         "from notebook_accel import Accelerator",
-        "from notebook_accel.accelerator.local_sgd import LocalSGD",
+        "from notebook_accel.local_sgd import LocalSGD",
         "from notebook_accel.utils import set_seed",
         "",
         "def f():",
