@@ -115,8 +115,10 @@ def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
 def spawns_grandchild_then_fails(folder):
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     record_process(folder, child.pid)
-    time.sleep(0.3)
     if rank() == 1:
+        # Fail only once rank 0 has its own child too: fresh interpreters start at
+        # different speeds, and a rank 0 stopped before its Popen has nothing to stop.
+        wait_for_records(folder, count=2)
         raise OSError("disk full")  # its child is re-parented, out of this test's sight
     time.sleep(600)
 
@@ -127,6 +129,14 @@ def record_process(folder, pid):
 
     with open(os.path.join(folder, f"{pid}.pid"), "w") as file:
         file.write(repr(psutil.Process(pid).create_time()))
+
+
+def wait_for_records(folder, count, seconds=60.0):
+    deadline = time.monotonic() + seconds
+    while sum(name.endswith(".pid") for name in os.listdir(folder)) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only some of the {count} workers recorded a child")
+        time.sleep(0.02)
 
 
 def recorded_processes_still_running(folder, seconds=5.0):
