@@ -3,7 +3,10 @@
 Workers in fresh interpreters (launch/fresh.py) and calls to live workers
 (notebook_accel/live) get the function and its arguments this way, through
 cloudpickle, so a function, class or closure defined in a notebook cell works
-as it does in a forked worker. A tensor on a GPU in the arguments (a model the
+as it does in a forked worker. For a live worker, the functions and classes of
+the notebook are bound to the worker's own namespace instead of a copy of the
+kernel's globals, so that they all, helpers included, see what earlier calls
+and cells left there. A tensor on a GPU in the arguments (a model the
 kernel loaded and evaluated) arrives on the GPU of each worker that runs on
 CUDA, and on the CPU in a CPU worker: never on whichever GPU the kernel used.
 """
@@ -23,11 +26,18 @@ import cloudpickle
 
 from notebook_accel.config.settings import ENV_BACKEND
 
+# What stands, in a payload for a live worker, for the notebook's global namespace.
+WORKER_NAMESPACE = "worker-namespace"
 
-def pack(function: Any, args: tuple, kwargs: dict) -> bytes:
-    """A function and its arguments, pickled by value for a worker (`unpack` there)."""
+
+def pack(function: Any, args: tuple, kwargs: dict, live: bool = False) -> bytes:
+    """A function and its arguments, pickled by value for a worker (`unpack` there).
+
+    With `live`, for `unpack_in_namespace`: what was defined in the notebook
+    will read its global names from the worker's namespace.
+    """
     buffer = io.BytesIO()
-    pickler = _WorkerPickler(buffer, protocol=5)
+    pickler = (_LivePickler if live else _WorkerPickler)(buffer, protocol=5)
     pickler.dump((function, args, kwargs))
     # The source of code that exists only in this process (a notebook cell), so
     # that a worker's traceback shows the cell's lines as a forked one's does.
@@ -65,6 +75,29 @@ class _WorkerPickler(cloudpickle.Pickler):
         return super().reducer_override(obj)
 
 
+class _LivePickler(_WorkerPickler):
+    """`_WorkerPickler` for a live worker: the globals that cloudpickle builds for the
+    notebook's functions (one dict per payload, shared by every function from
+    `__main__`) travel as a reference to the worker's namespace."""
+
+    def persistent_id(self, obj: Any) -> Any:
+        if type(obj) is dict and obj.get("__name__") == "__main__":
+            if any(obj is built for built in self.globals_ref.values()):
+                return WORKER_NAMESPACE
+        return None
+
+
+class _LiveUnpickler(pickle.Unpickler):
+    def __init__(self, file: io.BytesIO, namespace: dict[str, Any]) -> None:
+        super().__init__(file)
+        self.namespace = namespace
+
+    def persistent_load(self, pid: Any) -> Any:
+        if pid != WORKER_NAMESPACE:
+            raise pickle.UnpicklingError(f"unknown reference in a live call: {pid!r}")
+        return self.namespace
+
+
 def _on_worker_device(tensor: Any, is_parameter: bool, requires_grad: bool) -> Any:
     """Runs in the worker: put a tensor that was on a GPU in the kernel on this worker's device."""
     import torch
@@ -84,9 +117,7 @@ def unpack(shipped: bytes) -> tuple[Any, tuple, dict]:
     from the notebook is then sent back by reference and arrives in the
     kernel as an instance of the kernel's own class.
     """
-    payload, sources = pickle.loads(shipped)
-    for name, lines in sources.items():
-        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    payload = _payload(shipped)
     function, args, kwargs = cloudpickle.loads(payload)
     names = getattr(function, "__globals__", None)
     if isinstance(names, dict) and names.get("__name__") == "__main__":
@@ -95,3 +126,37 @@ def unpack(shipped: bytes) -> tuple[Any, tuple, dict]:
             if not name.startswith("__"):
                 main.setdefault(name, value)
     return function, args, kwargs
+
+
+def unpack_in_namespace(shipped: bytes, namespace: dict[str, Any]) -> tuple[Any, tuple, dict]:
+    """The function, args and kwargs of a live call (`pack(..., live=True)`), with
+    everything defined in the notebook reading its global names from `namespace`.
+
+    cloudpickle writes the kernel's values of the names those functions use into
+    their globals, here `namespace`. The kernel's functions and classes are its
+    newest definitions and stay; any other name the worker already held keeps
+    the worker's value (a model prepared on the worker wins over the kernel's
+    copy of the same name). The function called is put there under its name
+    too, as the notebook has it, for the worker's later cells.
+    """
+    held = dict(namespace)
+    function, args, kwargs = _LiveUnpickler(io.BytesIO(_payload(shipped)), namespace).load()
+    for name, value in held.items():
+        arrived = namespace.get(name)
+        if arrived is not value and not _defined_in_notebook(arrived):
+            namespace[name] = value
+    if _defined_in_notebook(function) and function.__qualname__.isidentifier():
+        namespace[function.__qualname__] = function  # not a lambda, not nested
+    return function, args, kwargs
+
+
+def _defined_in_notebook(value: Any) -> bool:
+    return isinstance(value, (types.FunctionType, type)) and value.__module__ == "__main__"
+
+
+def _payload(shipped: bytes) -> bytes:
+    """The pickled function and arguments; the notebook code's source goes to linecache."""
+    payload, sources = pickle.loads(shipped)
+    for name, lines in sources.items():
+        linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
+    return payload

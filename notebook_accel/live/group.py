@@ -186,7 +186,7 @@ class LiveWorkers:
 
         if not callable(function):
             raise TypeError(f"run() needs a function to call, got {type(function).__name__}")
-        payload = pack(function, args, kwargs or {})
+        payload = pack(function, args, kwargs or {}, live=True)
         return self._call("function", payload, ranks, return_all, timeout, "<function>")
 
     def run_cell(

@@ -33,7 +33,6 @@ import sys
 import threading
 import time
 import traceback
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -138,10 +137,10 @@ def _failed(rank: int, call: Call, error: BaseException, started: float) -> Call
 def _execute(call: Call, namespace: dict[str, Any]) -> Any:
     if call.kind == "cell":
         return run_cell(call.payload.decode(), namespace, call.filename)
-    from notebook_accel.launch.packing import unpack
+    from notebook_accel.launch.packing import unpack_in_namespace
 
-    function, args, kwargs = unpack(call.payload)
-    return in_namespace(function, namespace)(*args, **kwargs)
+    function, args, kwargs = unpack_in_namespace(call.payload, namespace)
+    return function(*args, **kwargs)
 
 
 def run_cell(source: str, namespace: dict[str, Any], filename: str) -> Any:
@@ -155,31 +154,6 @@ def run_cell(source: str, namespace: dict[str, Any], filename: str) -> Any:
     if last is None:
         return None
     return eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
-
-
-def in_namespace(function: Any, namespace: dict[str, Any]) -> Any:
-    """`function` reading its global names from the worker's namespace (`__main__`'s).
-
-    A function defined in the notebook arrives with copies of the kernel's
-    globals it uses, which `packing.unpack` has already added to `__main__`
-    where the worker had no name of its own: a name the worker already holds
-    (a model a cell put on its device) wins over the kernel's copy.
-    """
-    if not isinstance(function, types.FunctionType):
-        return function
-    shipped = function.__globals__
-    if shipped.get("__name__") != "__main__" or shipped is namespace:
-        return function
-    rebound = types.FunctionType(
-        function.__code__,
-        namespace,
-        function.__name__,
-        function.__defaults__,
-        function.__closure__,
-    )
-    rebound.__kwdefaults__ = function.__kwdefaults__
-    rebound.__dict__.update(function.__dict__)
-    return rebound
 
 
 @contextlib.contextmanager

@@ -123,3 +123,72 @@ def test_live_workers_survive_what_a_notebook_user_does(tmp_path):
     assert "WorkerError: worker rank 1 was killed by SIGKILL" in text
     assert "workers.restart()" in text
     assert "'a new group'" in outputs_text(restarted)
+
+
+DEFINITION_CELLS = [
+    """
+import torch
+from notebook_accel import start_workers
+
+workers = start_workers(2, backend="cpu", live=False)
+""",
+    """
+%%on_workers
+import torch
+weights = torch.ones(2)  # resident on the workers
+""",
+    """
+weights = torch.zeros(2)  # the kernel's own, of the same name
+factor = 3
+
+def scaled():
+    return weights * factor
+
+def total():
+    return float(scaled().sum())
+
+workers.run(total)
+""",
+    """
+def scaled():  # edited: the next call must use this one
+    return weights * factor * 10
+
+workers.run(total)
+""",
+    """
+class Counter:
+    def bump(self):
+        global bumps
+        bumps = bumps + 1 if "bumps" in globals() else 1
+        return bumps
+
+def bump_twice():
+    Counter().bump()
+    return Counter().bump()
+
+workers.run(bump_twice), workers.run(bump_twice)
+""",
+    """
+%%on_workers --all
+(total(), bumps)
+""",
+    "workers.close()",
+]
+
+
+def test_helpers_and_classes_from_the_notebook_see_the_workers_names_and_their_edits(tmp_path):
+    """A function a call uses (not only the one called) reads the workers' names, and
+    an edited definition replaces the one the workers had from an earlier call."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in DEFINITION_CELLS]
+    NotebookClient(
+        notebook,
+        timeout=90,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    _, _, first, edited, bumped, on_workers, _ = notebook.cells
+    assert outputs_text(first).strip() == "6.0"  # the workers' ones, not the kernel's zeros
+    assert outputs_text(edited).strip() == "60.0"
+    assert outputs_text(bumped).strip() == "(2, 4)"  # a method's global lands on the worker
+    assert outputs_text(on_workers).strip() == "[(60.0, 4), (60.0, 4)]"
