@@ -13,6 +13,7 @@ A custom tracker subclasses `GeneralTracker` and sets `name`,
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 import warnings
@@ -137,68 +138,50 @@ class TensorBoardTracker(GeneralTracker):
         self.writer.close()
 
 
-class WandBTracker(GeneralTracker):
+class _ProjectRunTracker(GeneralTracker):
+    """A run opened by `<package>.init(project=run_name, **init_kwargs)` that has
+    `log` and `finish` (wandb, trackio and SwanLab share this interface)."""
+
+    requires_logging_directory = False
+
+    def __init__(self, run_name: str, **kwargs: Any) -> None:
+        super().__init__()
+        self.run_name, self.init_kwargs, self.run = run_name, kwargs, None
+
+    @property
+    def tracker(self) -> Any:
+        """The library's run."""
+        return self.run
+
+    def start(self) -> None:
+        library = importlib.import_module(self.package)
+        self.run = library.init(project=self.run_name, **self.init_kwargs)
+
+    def store_init_configuration(self, values: dict) -> None:
+        importlib.import_module(self.package).config.update(values)
+
+    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
+        self.run.log(values, step=step, **kwargs)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+class WandBTracker(_ProjectRunTracker):
     """A Weights & Biases run (`wandb.init(project=run_name, **init_kwargs)`)."""
 
     name = "wandb"
     package, pip_name = "wandb", "wandb"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name, self.init_kwargs, self.run = run_name, kwargs, None
-
-    @property
-    def tracker(self) -> Any:
-        """The wandb run."""
-        return self.run
-
-    def start(self) -> None:
-        import wandb
-
-        self.run = wandb.init(project=self.run_name, **self.init_kwargs)
 
     def store_init_configuration(self, values: dict) -> None:
         self.run.config.update(values, allow_val_change=True)
 
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
 
-    def finish(self) -> None:
-        self.run.finish()
-
-
-class TrackioTracker(GeneralTracker):
+class TrackioTracker(_ProjectRunTracker):
     """A trackio run (`trackio.init(project=run_name, **init_kwargs)`)."""
 
     name = "trackio"
     package, pip_name = "trackio", "trackio"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name, self.init_kwargs, self.run = run_name, kwargs, None
-
-    @property
-    def tracker(self) -> Any:
-        """The trackio run."""
-        return self.run
-
-    def start(self) -> None:
-        import trackio
-
-        self.run = trackio.init(project=self.run_name, **self.init_kwargs)
-
-    def store_init_configuration(self, values: dict) -> None:
-        import trackio
-
-        trackio.config.update(values)
-
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
 
 
 class CometMLTracker(GeneralTracker):
@@ -397,37 +380,11 @@ class DVCLiveTracker(GeneralTracker):
         self.live.end()
 
 
-class SwanLabTracker(GeneralTracker):
+class SwanLabTracker(_ProjectRunTracker):
     """A SwanLab run (`swanlab.init(project=run_name, **init_kwargs)`)."""
 
     name = "swanlab"
     package, pip_name = "swanlab", "swanlab"
-    requires_logging_directory = False
-
-    def __init__(self, run_name: str, **kwargs: Any) -> None:
-        super().__init__()
-        self.run_name, self.init_kwargs, self.run = run_name, kwargs, None
-
-    @property
-    def tracker(self) -> Any:
-        """The SwanLab run."""
-        return self.run
-
-    def start(self) -> None:
-        import swanlab
-
-        self.run = swanlab.init(project=self.run_name, **self.init_kwargs)
-
-    def store_init_configuration(self, values: dict) -> None:
-        import swanlab
-
-        swanlab.config.update(values)
-
-    def log(self, values: dict, step: int | None = None, **kwargs: Any) -> None:
-        self.run.log(values, step=step, **kwargs)
-
-    def finish(self) -> None:
-        self.run.finish()
 
 
 TRACKERS: dict[str, type[GeneralTracker]] = {
