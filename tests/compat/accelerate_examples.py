@@ -113,11 +113,7 @@ def _from_sdist(names: list[str]) -> dict[str, bytes]:
         found = {}
         for archive in Path(folder).glob("accelerate-*.tar.gz"):
             with tarfile.open(archive) as tar:
-                for member in tar.getmembers():
-                    parts = member.name.split("/examples/", 1)
-                    name = parts[-1].removesuffix(".py")
-                    if len(parts) == 2 and name in names and member.isfile():
-                        found[name] = tar.extractfile(member).read()
+                found.update(_examples_in(tar, names))
         return found
 
 
@@ -128,13 +124,18 @@ def _from_github(names: list[str]) -> dict[str, bytes]:
             data = response.read()
     except OSError:
         return {}
-    found = {}
     with tarfile.open(fileobj=io.BytesIO(data)) as tar:
-        for member in tar.getmembers():
-            parts = member.name.split("/examples/", 1)
-            name = parts[-1].removesuffix(".py")
-            if len(parts) == 2 and name in names and member.isfile():
-                found[name] = tar.extractfile(member).read()
+        return _examples_in(tar, names)
+
+
+def _examples_in(tar: tarfile.TarFile, names: list[str]) -> dict[str, bytes]:
+    """The scripts among `names` under an `examples/` folder of an archive of the repository."""
+    found = {}
+    for member in tar.getmembers():
+        parts = member.name.split("/examples/", 1)
+        name = parts[-1].removesuffix(".py")
+        if len(parts) == 2 and name in names and member.isfile():
+            found[name] = tar.extractfile(member).read()
     return found
 
 
