@@ -9,7 +9,6 @@ calls that do not initialise a device: CUDA is counted through NVML.
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
 from collections.abc import Callable
@@ -57,9 +56,12 @@ PACKAGES = {
 }
 
 
-@functools.cache
 def package_available(name: str) -> bool:
-    """Whether `import name` would find a package, found without importing it."""
+    """Whether `import name` would find a package, found without importing it.
+
+    Asked afresh each time (not cached): a notebook that `pip install`s a
+    package after a probe said no gets yes from the next probe.
+    """
     if name in sys.modules:
         return sys.modules[name] is not None
     try:
