@@ -19,6 +19,10 @@ class WorkerFailure:
     exitcode: int | None
     traceback: str = ""
     exception: str = ""
+    # Where it ran ("node 10.0.0.7 (3f2a9c01)"), when not on this machine.
+    where: str = ""
+    # Why it could no longer be reached (its node left the cluster), if it could not.
+    lost: str = ""
 
     @property
     def signal_name(self) -> str | None:
@@ -30,7 +34,10 @@ class WorkerFailure:
             return f"signal {-self.exitcode}"
 
     def describe(self) -> str:
-        if self.exception:
+        who = f"worker rank {self.rank}" + (f" on {self.where}" if self.where else "")
+        if self.lost:
+            how = f"was lost: {self.lost}"
+        elif self.exception:
             how = f"raised {self.exception.splitlines()[0]}"
         elif self.signal_name:
             how = f"was killed by {self.signal_name}"
@@ -38,7 +45,7 @@ class WorkerFailure:
             how = "stopped responding"
         else:
             how = f"exited with code {self.exitcode}"
-        return f"worker rank {self.rank} {how}"
+        return f"{who} {how}"
 
 
 class WorkerError(RuntimeError, ChildFailedError):
@@ -84,3 +91,9 @@ class WorkerError(RuntimeError, ChildFailedError):
 
     def __reduce__(self):
         return (type(self), (self.failures, self.ending))
+
+
+class PlacementError(RuntimeError):
+    """The workers cannot be placed: the cluster lacks what the launch asks for (or
+    cannot be reached). Raised before any worker starts; the message says what was
+    asked, what there is, and what to do."""

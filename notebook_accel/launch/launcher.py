@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import inspect
 import os
-import socket
 import time
 import warnings
 from collections.abc import Callable
@@ -12,8 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from notebook_accel.config.settings import LaunchSettings
-from notebook_accel.launch.errors import WorkerError
-from notebook_accel.launch.forking import forget_parent_only, guarded, parent_only
+from notebook_accel.launch.attempt import open_group
+from notebook_accel.launch.errors import PlacementError, WorkerError
 from notebook_accel.launch.options import (
     LaunchConfig,
     merged_with_file,
@@ -22,7 +21,8 @@ from notebook_accel.launch.options import (
 )
 from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, plan_launch
-from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, interrupts_stop
+from notebook_accel.launch.rendezvous import Rendezvous
+from notebook_accel.launch.supervisor import Emit, StopSignal, interrupts_stop
 from notebook_accel.launch.warm import RunWarmer
 from notebook_accel.reporting.destination import Destination, sending_to
 from notebook_accel.reporting.events import (
@@ -209,34 +209,30 @@ def _run_workers(
     plan: LaunchPlan, emit: Emit, stop: StopSignal | None, between: Callable[[], bool]
 ) -> None:
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
+    failure: WorkerError | None = None
     for attempt in range(plan.max_restarts + 1):
         if stop is not None and stop.is_set():  # Stop pressed while restarting
             raise KeyboardInterrupt("the run was stopped")
-        with _Rendezvous(plan, forks=True) as rendezvous:
-            group = WorkerGroup(
-                plan.worker_spec(rendezvous.port, attempt),
-                emit,
-                stop,
-            )
-            try:
-                emit(AttemptStarted(plan.local_world_size, attempt))
-                if stop is not None and stop.is_set():  # pressed before anything was forked
-                    raise KeyboardInterrupt("the run was stopped")
-                group.start()
-                rendezvous.serve()
+        emit(AttemptStarted(plan.local_world_size, attempt))
+        try:
+            with open_group(plan, emit, stop, attempt) as group:
                 group.wait(deadline, between=between)
                 return
-            except WorkerError as failure:
-                if attempt == plan.max_restarts:
-                    raise
-                emit(Restarting(attempt + 1, failure))
-            except TimeoutError:
-                raise TimeoutError(
-                    f"the run did not finish within timeout={plan.timeout} s; "
-                    "every worker was stopped"
-                ) from None
-            finally:
-                group.stop()
+        except WorkerError as error:
+            if attempt == plan.max_restarts:
+                raise
+            failure = error
+            emit(Restarting(attempt + 1, failure))
+        except PlacementError as error:
+            if failure is None:
+                raise
+            raise WorkerError(
+                failure.failures, ending=f"the workers could not be started again: {error}"
+            ) from error
+        except TimeoutError:
+            raise TimeoutError(
+                f"the run did not finish within timeout={plan.timeout} s; every worker was stopped"
+            ) from None
     raise AssertionError("unreachable")
 
 
@@ -251,7 +247,7 @@ def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:
 
     was_initialized = dist.is_available() and dist.is_initialized()
     with (
-        _Rendezvous(plan) as rendezvous,
+        Rendezvous.for_plan(plan) as rendezvous,
         _patched_environ(plan.environment(rendezvous.port, attempt=0)),
     ):
         rendezvous.serve()
@@ -263,115 +259,6 @@ def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:
             if not was_initialized and dist.is_available() and dist.is_initialized():
                 dist.destroy_process_group()
     emit(Result(0, to_cpu(value)))
-
-
-class _Rendezvous:
-    """The store the workers meet at, hosted here on node 0, as torchrun's agent does.
-
-    The port is bound before the workers are forked, but the store's server
-    thread starts only after they are: a thread running during a fork can hold
-    a lock that the child then waits on forever (seen here as a worker stuck
-    connecting to the store). Workers retry connecting until it answers.
-
-    Binding, creating the store and destroying it take the fork lock (no
-    other launch forks meanwhile) with interrupts held: a stop press lands
-    before or after each step, never inside one. This object owns the
-    listening socket and closes it once, in `__exit__`; the store gets a
-    duplicate of it, which the store closes itself.
-    """
-
-    def __init__(self, plan: LaunchPlan, forks: bool = False):
-        self.plan = plan
-        self.port = plan.port
-        # Workers are forked while it is open: list its descriptors for them to close.
-        self._forks = forks
-        self._socket: socket.socket | None = None
-        self._store = None
-        self._store_fd: int | None = None
-
-    def __enter__(self) -> _Rendezvous:
-        if self.plan.node_rank == 0:
-            # On one machine the store answers only there; across machines, on every
-            # interface (the others reach it through master_addr).
-            host = self.plan.master_addr if self.plan.num_nodes == 1 else ""
-            try:
-                with guarded():
-                    self._socket = _listening_socket(host, self.plan.port)
-                    if self._forks:
-                        parent_only(self._socket.fileno())
-                    self.port = self._socket.getsockname()[1]
-            except BaseException:  # a with statement does not call __exit__ for this
-                self.__exit__(None, None, None)
-                raise
-        return self
-
-    def serve(self) -> None:
-        """Start the store on the bound port (after the workers are forked)."""
-        if self._socket is None or self._store is not None:
-            return
-        from datetime import timedelta
-
-        import torch.distributed as dist
-
-        with guarded():
-            listen_fd = os.dup(self._socket.fileno())
-            try:
-                self._store = dist.TCPStore(
-                    host_name=self.plan.master_addr,
-                    port=self.port,
-                    is_master=True,
-                    wait_for_workers=False,
-                    timeout=timedelta(seconds=self.plan.rendezvous_timeout),
-                    master_listen_fd=listen_fd,
-                )
-            except BaseException:
-                _close_if_still_a_copy(listen_fd, self._socket)
-                raise
-            if self._forks:  # closed by the store; the workers of a later launch skip it
-                self._store_fd = listen_fd
-                parent_only(listen_fd)
-
-    def __exit__(self, *exc_info: Any) -> None:
-        with guarded():
-            self._store = None  # stops the server thread, which closes its descriptor
-            if self._store_fd is not None:
-                forget_parent_only(self._store_fd)
-                self._store_fd = None
-            if self._socket is not None:
-                listener, self._socket = self._socket, None
-                if self._forks:
-                    forget_parent_only(listener.fileno())
-                listener.close()
-
-
-def _close_if_still_a_copy(fd: int, listener: socket.socket) -> None:
-    """Close `fd`, the copy of `listener` handed to a store that failed, unless the
-    store closed it already (the number may then name another file: left alone)."""
-    try:
-        mine, theirs = os.fstat(listener.fileno()), os.fstat(fd)
-    except OSError:
-        return
-    if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino):
-        os.close(fd)
-
-
-def _listening_socket(host: str, port: int | None) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    listener = socket.socket(family, socket.SOCK_STREAM)
-    # Reuse a port whose last run's connections are still in TIME_WAIT; a port
-    # another program listens on still fails to bind.
-    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        listener.bind((host, port or 0))
-        listener.listen(1024)
-    except OSError as error:
-        listener.close()
-        raise OSError(
-            f"cannot listen on {host or 'this machine'} port {port} ({error.strerror}), so "
-            "the workers cannot meet there: another run or program may be using it. On one "
-            "machine leave use_port unset to pick a free port; otherwise choose another."
-        ) from error
-    return listener
 
 
 @contextmanager

@@ -15,7 +15,7 @@ import os
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notebook_accel.config.settings import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
 from notebook_accel.launch.fresh import resolve_start_method
@@ -25,6 +25,9 @@ from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import default_platform, platform_named
 from notebook_accel.platforms.registry import detect_hardware as detect
 from notebook_accel.reporting.report import RunReport
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.cluster.request import ClusterRequest
 
 DEFAULT_MULTINODE_PORT = 29500
 # CPU workers per core beyond which a launch is refused unless oversubscribe=True:
@@ -62,6 +65,9 @@ class LaunchPlan:
     # the fork start could not be used when start_method="auto" chose spawn.
     start_method: str = "fork"
     fresh_start_reason: str | None = None
+    # Where the workers run when not on this machine: a Ray cluster's request
+    # (launch/cluster/request.py), with the function and arguments packed for it.
+    cluster: ClusterRequest | None = None
 
     @property
     def world_size(self) -> int:
@@ -72,7 +78,13 @@ class LaunchPlan:
         # A chosen GPU other than the first needs a worker of its own: this
         # process cannot narrow the GPUs it sees after the fact.
         chose_another_gpu = self.devices not in (None, [0])
-        return self.world_size == 1 and self.single_in_process and not chose_another_gpu
+        on_this_machine = self.cluster is None
+        return (
+            self.world_size == 1
+            and self.single_in_process
+            and on_this_machine
+            and not chose_another_gpu
+        )
 
     def environment(self, port: int, attempt: int) -> dict[str, str]:
         """Variables every worker of this node gets (the rank ones come per worker)."""

@@ -1,14 +1,21 @@
 """The launching process's side of a group of workers: start, watch, stop.
 
-The launching process waits on one selector for everything a worker can do:
-write output, send an event down its channel, or exit (its sentinel).
-Nothing blocks without a deadline, and `stop()` always leaves no worker
-behind: SIGTERM, a short grace period, then SIGKILL, as
-torch.distributed.elastic does. Each worker leads its own process group, and
-`stop()` kills those groups too, so what a worker started goes with it; a
-janitor process (launch/forking.py) does the same if this process dies. What
-runs inside each worker is launch/worker.py; workers are forked, or started
-in fresh interpreters (launch/fresh.py) when the kernel can no longer fork them.
+`WorkerGroupBase` is what every group does with what its workers send: it
+turns output into whole lines and channel bytes into events, records exits
+and failures, and runs the loop that waits for them with a deadline, a stop
+signal and a settling time after the first failure. Where the workers run is
+a subclass: `WorkerGroup` here (processes on this machine), and the Ray
+cluster's group in launch/cluster/group.py.
+
+`WorkerGroup` waits on one selector for everything a worker can do: write
+output, send an event down its channel, or exit (its sentinel). Nothing
+blocks without a deadline, and `stop()` always leaves no worker behind:
+SIGTERM, a short grace period, then SIGKILL, as torch.distributed.elastic
+does. Each worker leads its own process group, and `stop()` kills those
+groups too, so what a worker started goes with it; a janitor process
+(launch/forking.py) does the same if this process dies. What runs inside
+each worker is launch/worker.py; workers are forked, or started in fresh
+interpreters (launch/fresh.py) when the kernel can no longer fork them.
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import functools
 import multiprocessing
 import multiprocessing.connection
 import os
+import select
 import selectors
 import signal
 import threading
@@ -176,11 +184,22 @@ class LineBuffer:
 class _Worker:
     rank: int
     local_rank: int
-    process: multiprocessing.process.BaseProcess
+    # A multiprocessing process or a FreshProcess here; what stands for one elsewhere
+    # (a cluster's group keeps its own handle).
+    process: Any
     command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
     exitcode: int | None = None
     noticed_at: float = 0.0
+    # Where it runs, for messages ("node 10.0.0.7 (3f2a9c01)"); empty on this machine.
+    where: str = ""
+    # Why it can no longer be reached (its node left the cluster); empty while it can.
+    lost: str = ""
+
+    @property
+    def ended(self) -> bool:
+        """Whether it exited, or was lost."""
+        return self.exitcode is not None or bool(self.lost)
 
 
 @dataclass
@@ -193,12 +212,197 @@ class _Pipe:
     reader: ChannelReader | None = None
 
 
-class WorkerGroup:
-    """The workers of one launch attempt on this node.
+class WorkerGroupBase:
+    """What every group of workers does with what they send, wherever they run.
 
     Every event (a worker's output lines, what it sends down its channel,
-    memory samples, exits) goes to `emit`, in the launching thread. Workers
-    close every descriptor registered with `forking.parent_only`.
+    memory samples, exits) goes to `emit`, in the launching thread. A
+    subclass starts and stops the workers, and delivers their bytes and exits
+    in `_poll`: output to `_take`, exits to `_exited`.
+    """
+
+    # After the first failure, how long to keep listening for the one that caused it.
+    settle_seconds = SETTLE_SECONDS
+
+    def __init__(self, spec: WorkerSpec, emit: Emit, stop: StopSignal | None = None):
+        self.spec = spec
+        self.emit = emit
+        self.stop_signal = stop
+        self.workers: list[_Worker] = []
+
+    # -- what a subclass provides --------------------------------------------------
+
+    def start(self) -> None:
+        """Start every worker of the group."""
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        """End every worker still running and release every resource (once)."""
+        raise NotImplementedError
+
+    def _poll(self, until: float | None) -> None:
+        """Handle what the workers do until `until` (at most a short while: the loop
+        looks at its deadline and stop signal between calls)."""
+        raise NotImplementedError
+
+    def _reap_unseen_exits(self) -> None:
+        """Record exits that `_poll` could not see (nothing to do by default)."""
+
+    def _listening_to(self, stop: StopSignal) -> contextlib.AbstractContextManager:
+        """While the block runs, `_poll` also wakes when `stop` is set."""
+        return contextlib.nullcontext()
+
+    def signal(self, rank: int, signum: int) -> None:
+        """Send `signum` to worker `rank` if it still runs."""
+        raise NotImplementedError
+
+    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
+        """Write `frame` to live worker `rank`'s call pipe; TimeoutError if it does not
+        take it before `deadline`, OSError if it cannot take calls any more."""
+        raise NotImplementedError
+
+    def close_commands(self) -> None:
+        """Close every call pipe: live workers then finish and exit."""
+        raise NotImplementedError
+
+    def connection_addresses(self) -> list[tuple[str, int]]:
+        """The local address of every TCP connection the workers hold (live workers
+        break their connections to each other by these: live/regroup.py)."""
+        raise NotImplementedError
+
+    # -- watching --------------------------------------------------------------
+
+    def wait(self, deadline: float | None, between: Callable[[], bool] | None = None) -> None:
+        """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
+
+        After the first failure it listens `settle_seconds` longer (or until
+        every worker has exited), so that the failure that caused the others
+        is reported first. `between` is called between events (see `serve_until`).
+        """
+        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers, between)
+        failures = self.failed_workers()
+        if failures:
+            raise WorkerError(self._failures_cause_first(failures))
+
+    def serve_until(
+        self,
+        done: Callable[[], bool],
+        deadline: float | None,
+        stop: StopSignal | None,
+        failed: Callable[[], list[_Worker]] | None = None,
+        between: Callable[[], bool] | None = None,
+    ) -> None:
+        """Handle the workers' events until `done()` is true.
+
+        Raises WorkerError once `failed()` (by default: a worker raised or
+        exited at all, as live workers only exit when told to) has named a
+        worker for `settle_seconds`, TimeoutError at `deadline`, and
+        KeyboardInterrupt once `stop` is set. `between()`, when given, does
+        one short piece of the launching thread's own work (warming: one
+        import) and says whether it did; while it has work, events are
+        handled without waiting for them.
+        """
+        failed = failed or self._ended_workers
+        listening = (
+            self._listening_to(stop)
+            if stop is not None and stop is not self.stop_signal
+            else contextlib.nullcontext()
+        )
+        with listening:
+            settle_until: float | None = None
+            while not done():
+                if settle_until is not None and time.monotonic() >= settle_until:
+                    raise WorkerError(self._failures_cause_first(failed()))
+                if settle_until is None and deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError
+                if stop is not None and stop.is_set():
+                    raise KeyboardInterrupt("the run was stopped")
+                busy = between is not None and settle_until is None and between()
+                self._poll(until=time.monotonic() if busy else settle_until or deadline)
+                self._reap_unseen_exits()
+                if settle_until is None and failed():
+                    settle_until = time.monotonic() + self.settle_seconds
+
+    def _take(self, pipe: _Pipe, data: bytes) -> None:
+        if pipe.reader is not None:
+            for event in pipe.reader.feed(data):
+                self._on_event(pipe.worker, event)
+        else:
+            self._emit_lines(pipe, pipe.lines.feed(data))
+
+    def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
+        for line in lines:
+            self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
+
+    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+        if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
+            event = WorkerRaised(
+                worker.rank,
+                exception="UnpicklingError: the launching process could not read what the "
+                f"worker sent back ({event.reason}); return plain data (tensors, numbers, "
+                "strings)",
+                traceback="",
+                time=time.time(),
+            )
+        if isinstance(event, WorkerRaised):
+            worker.error = event
+        self.emit(event)
+
+    def _exited(self, worker: _Worker, exitcode: int | None, lost: str = "") -> None:
+        """Record that `worker` exited with `exitcode` (or was lost, saying why), once
+        everything it wrote before has been taken."""
+        worker.exitcode, worker.lost = exitcode, lost
+        worker.noticed_at = time.time()
+        self.emit(WorkerExited(worker.rank, exitcode))
+
+    def failed_workers(self) -> list[_Worker]:
+        """The workers that raised, exited with a non-zero code or a signal, or were lost."""
+        return [
+            w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0 or bool(w.lost)
+        ]
+
+    @staticmethod
+    def _failures_cause_first(workers: list[_Worker]) -> list[WorkerFailure]:
+        # A worker that died without raising (a signal, os._exit, a lost node) cannot
+        # be a casualty of a peer's Python exception; among the ones that raised, the
+        # earliest raised first and the rest saw its connection close.
+        def order(worker: _Worker) -> tuple[int, float]:
+            if worker.error is None:
+                return (0, worker.noticed_at)
+            return (1, worker.error.time)
+
+        return [
+            WorkerFailure(
+                rank=worker.rank,
+                exitcode=worker.exitcode,
+                traceback=worker.error.traceback if worker.error else "",
+                exception=worker.error.exception if worker.error else "",
+                where=worker.where,
+                lost=worker.lost,
+            )
+            for worker in sorted(workers, key=order)
+        ]
+
+    def _ended_workers(self) -> list[_Worker]:
+        return [w for w in self.workers if w.error is not None or w.ended]
+
+    def poll(self) -> None:
+        """Handle what the workers did since the last look (output, events, exits),
+        without waiting: a live group looks for a worker that died between calls."""
+        self._poll(until=time.monotonic())
+        self._reap_unseen_exits()
+
+    def all_exited(self) -> bool:
+        """Whether every worker has exited (or was lost)."""
+        return all(worker.ended for worker in self.workers)
+
+
+class WorkerGroup(WorkerGroupBase):
+    """The workers of one launch attempt on this machine: processes it forks or starts.
+
+    Workers close every descriptor registered with `forking.parent_only`.
+    `local_ranks` chooses which of the node's local ranks this group starts
+    (all by default; a cluster node's agent starts the one it stands for).
     """
 
     def __init__(
@@ -206,11 +410,12 @@ class WorkerGroup:
         spec: WorkerSpec,
         emit: Emit,
         stop: StopSignal | None = None,
+        local_ranks: list[int] | None = None,
     ):
-        self.spec = spec
-        self.emit = emit
-        self.stop_signal = stop
-        self.workers: list[_Worker] = []
+        super().__init__(spec, emit, stop)
+        self.local_ranks = (
+            list(range(spec.local_world_size)) if local_ranks is None else list(local_ranks)
+        )
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
         self._next_exit_check = 0.0
@@ -235,13 +440,13 @@ class WorkerGroup:
                 self._start_fresh()
             else:
                 context = multiprocessing.get_context("fork")
-                for local_rank in range(self.spec.local_world_size):
+                for local_rank in self.local_ranks:
                     self._start_one(functools.partial(self._forked, context), local_rank)
 
     def _start_fresh(self) -> None:
         spec_fd = ship(self.spec)  # pickled once, read by every worker
         try:
-            for local_rank in range(self.spec.local_world_size):
+            for local_rank in self.local_ranks:
                 self._start_one(functools.partial(FreshProcess, spec_fd), local_rank)
         finally:
             os.close(spec_fd)
@@ -310,58 +515,6 @@ class WorkerGroup:
 
     # -- watching --------------------------------------------------------------
 
-    def wait(self, deadline: float | None, between: Callable[[], bool] | None = None) -> None:
-        """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
-
-        After the first failure it listens SETTLE_SECONDS longer (or until
-        every worker has exited), so that the failure that caused the others
-        is reported first. `between` is called between events (see `serve_until`).
-        """
-        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers, between)
-        failures = self.failed_workers()
-        if failures:
-            raise WorkerError(self._failures_cause_first(failures))
-
-    def serve_until(
-        self,
-        done: Callable[[], bool],
-        deadline: float | None,
-        stop: StopSignal | None,
-        failed: Callable[[], list[_Worker]] | None = None,
-        between: Callable[[], bool] | None = None,
-    ) -> None:
-        """Handle the workers' events until `done()` is true.
-
-        Raises WorkerError once `failed()` (by default: a worker raised or
-        exited at all, as live workers only exit when told to) has named a
-        worker for SETTLE_SECONDS, TimeoutError at `deadline`, and
-        KeyboardInterrupt once `stop` is set. `between()`, when given, does
-        one short piece of the launching thread's own work (warming: one
-        import) and says whether it did; while it has work, events are
-        handled without waiting for them.
-        """
-        failed = failed or self._ended_workers
-        extra = stop is not None and stop is not self.stop_signal
-        if extra:
-            self._selector.register(stop.fileno(), selectors.EVENT_READ)
-        try:
-            settle_until: float | None = None
-            while not done():
-                if settle_until is not None and time.monotonic() >= settle_until:
-                    raise WorkerError(self._failures_cause_first(failed()))
-                if settle_until is None and deadline is not None and time.monotonic() >= deadline:
-                    raise TimeoutError
-                if stop is not None and stop.is_set():
-                    raise KeyboardInterrupt("the run was stopped")
-                busy = between is not None and settle_until is None and between()
-                self._poll(until=time.monotonic() if busy else settle_until or deadline)
-                self._reap_unseen_exits()
-                if settle_until is None and failed():
-                    settle_until = time.monotonic() + SETTLE_SECONDS
-        finally:
-            if extra:
-                self._selector.unregister(stop.fileno())
-
     def _poll(self, until: float | None) -> None:
         """Handle what happens until `until` or the next memory sample, whichever is first."""
         wake_at = self._next_sample if until is None else min(until, self._next_sample)
@@ -422,36 +575,11 @@ class WorkerGroup:
                 return
             self._take(pipe, data)
 
-    def _take(self, pipe: _Pipe, data: bytes) -> None:
-        if pipe.reader is not None:
-            for event in pipe.reader.feed(data):
-                self._on_event(pipe.worker, event)
-        else:
-            self._emit_lines(pipe, pipe.lines.feed(data))
-
     def _close(self, fd: int) -> None:
         pipe = self._pipes.pop(fd)
         self._selector.unregister(fd)
         close_parent_only(fd)
         self._emit_lines(pipe, pipe.lines.flush())  # a last line without a newline
-
-    def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
-        for line in lines:
-            self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
-
-    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
-        if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
-            event = WorkerRaised(
-                worker.rank,
-                exception="UnpicklingError: the launching process could not read what the "
-                f"worker sent back ({event.reason}); return plain data (tensors, numbers, "
-                "strings)",
-                traceback="",
-                time=time.time(),
-            )
-        if isinstance(event, WorkerRaised):
-            worker.error = event
-        self.emit(event)
 
     def _on_exit(self, worker: _Worker) -> None:
         # The sentinel closes while the process exits, a moment before waitpid can
@@ -463,54 +591,21 @@ class WorkerGroup:
             time.sleep(0.001)
         if worker.process.exitcode is None:
             return
-        worker.exitcode = worker.process.exitcode
-        worker.noticed_at = time.time()
         # What the worker wrote before exiting is already in the pipes.
         for fd in self._fds_of(worker):
             self._drain(fd)
-        self.emit(WorkerExited(worker.rank, worker.exitcode))
+        self._exited(worker, worker.process.exitcode)
 
     def _fds_of(self, worker: _Worker) -> list[int]:
         return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
 
-    def failed_workers(self) -> list[_Worker]:
-        """The workers that raised, or exited with a non-zero code or a signal."""
-        return [w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0]
-
-    @staticmethod
-    def _failures_cause_first(workers: list[_Worker]) -> list[WorkerFailure]:
-        # A worker that died without raising (a signal, os._exit) cannot be a
-        # casualty of a peer's Python exception; among the ones that raised, the
-        # earliest raised first and the rest saw its connection close.
-        def order(worker: _Worker) -> tuple[int, float]:
-            if worker.error is None:
-                return (0, worker.noticed_at)
-            return (1, worker.error.time)
-
-        return [
-            WorkerFailure(
-                rank=worker.rank,
-                exitcode=worker.exitcode,
-                traceback=worker.error.traceback if worker.error else "",
-                exception=worker.error.exception if worker.error else "",
-            )
-            for worker in sorted(workers, key=order)
-        ]
-
-    # -- live workers (notebook_accel/live) ---------------------------------------
-
-    def _ended_workers(self) -> list[_Worker]:
-        return [w for w in self.workers if w.error is not None or w.exitcode is not None]
-
-    def poll(self) -> None:
-        """Handle what the workers did since the last look (output, events, exits),
-        without waiting: a live group looks for a worker that died between calls."""
-        self._poll(until=time.monotonic())
-        self._reap_unseen_exits()
-
-    def all_exited(self) -> bool:
-        """Whether every worker has exited."""
-        return all(worker.exitcode is not None for worker in self.workers)
+    @contextlib.contextmanager
+    def _listening_to(self, stop: StopSignal) -> Iterator[None]:
+        self._selector.register(stop.fileno(), selectors.EVENT_READ)
+        try:
+            yield
+        finally:
+            self._selector.unregister(stop.fileno())
 
     def command_fd(self, rank: int) -> int:
         """The write end of live worker `rank`'s call pipe (non-blocking)."""
@@ -518,6 +613,12 @@ class WorkerGroup:
             if worker.rank == rank and worker.command_fd is not None:
                 return worker.command_fd
         raise OSError(f"worker rank {rank} takes no calls")
+
+    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
+        write_before(self.command_fd(rank), frame, deadline)
+
+    def connection_addresses(self) -> list[tuple[str, int]]:
+        return connection_addresses([worker.process.pid for worker in self.workers])
 
     def close_commands(self) -> None:
         """Close every call pipe: live workers then finish and exit."""
@@ -614,3 +715,27 @@ def _descendants(pids: list[int]) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
+
+
+def write_before(fd: int, data: bytes, deadline: float) -> None:
+    """Write all of `data` to the non-blocking pipe `fd`; TimeoutError if its reader
+    has not taken it before `deadline` (it is stuck, or gone)."""
+    view = memoryview(data)
+    while view:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the worker did not read its next call")
+        _, writable, _ = select.select([], [fd], [], remaining)
+        if writable:
+            view = view[os.write(fd, view) :]
+
+
+def connection_addresses(pids: list[int]) -> list[tuple[str, int]]:
+    """The local address of every TCP connection the processes `pids` hold."""
+    found: set[tuple[str, int]] = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found.update(
+                (c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp")
+            )
+    return sorted(found)

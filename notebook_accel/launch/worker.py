@@ -74,6 +74,12 @@ class WorkerSpec:
     shipped: bytes | None = None
     # Live workers (notebook_accel/live) get a pipe the launcher sends calls down.
     commands: bool = False
+    # The global rank of local rank 0 where nodes run different numbers of workers
+    # (a cluster's); by default node_rank * local_world_size.
+    first_rank: int | None = None
+    # The rank whose value comes back without return_all: by default this node's
+    # first (each machine's launcher returns its own); on a cluster, rank 0.
+    main_rank: int | None = None
 
     def unpacked(self) -> WorkerSpec:
         """This spec with the shipped function and arguments unpickled (in the worker)."""
@@ -84,8 +90,16 @@ class WorkerSpec:
         function, args, kwargs = unpack(self.shipped)
         return dataclasses.replace(self, function=function, args=args, kwargs=kwargs, shipped=None)
 
+    def returns_value(self, rank: int) -> bool:
+        """Whether worker `rank` sends its value back."""
+        main = self.global_rank(0) if self.main_rank is None else self.main_rank
+        return self.return_all or rank == main
+
     def global_rank(self, local_rank: int) -> int:
-        return self.node_rank * self.local_world_size + local_rank
+        first = (
+            self.node_rank * self.local_world_size if self.first_rank is None else self.first_rank
+        )
+        return first + local_rank
 
 
 def worker_main(
@@ -184,7 +198,7 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         spec = _unpacked(spec)
         value = _call_user_function(spec, local_rank)
         _send_peak_resources(channel, rank)
-        if rank == spec.global_rank(0) or spec.return_all:
+        if spec.returns_value(rank):
             _send_result(channel, rank, value)
         _barrier_before_exit()
     except SystemExit as stop:

@@ -29,7 +29,6 @@ namespace, and return real objects (tensors moved to the CPU).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import itertools
 import pickle
 import signal
@@ -38,11 +37,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from notebook_accel.launch.attempt import open_group
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
-from notebook_accel.launch.launcher import _Rendezvous
 from notebook_accel.launch.preflight import LaunchPlan
-from notebook_accel.launch.supervisor import StopSignal, WorkerGroup, interrupts_stop
-from notebook_accel.live.protocol import Call, write_call
+from notebook_accel.launch.supervisor import StopSignal, WorkerGroupBase, interrupts_stop
+from notebook_accel.live.protocol import Call, encode
 from notebook_accel.live.values import unpack
 from notebook_accel.reporting.events import CallFinished, MetricRecord, Progress, RunEvent
 from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
@@ -91,8 +90,8 @@ class LiveWorkers:
         self._observers = [ConsoleObserver(plan.output, main_rank=main_rank), *(observers or [])]
         self._live = live
         self._call_view: RunObserver | None = None
-        self._group: WorkerGroup | None = None
-        self._rendezvous: _Rendezvous | None = None
+        self._group: WorkerGroupBase | None = None
+        self._opened: contextlib.ExitStack | None = None
         self._ids = itertools.count(1)
         self._finished: dict[int, dict[int, CallFinished]] = {}
         self._ended_because = "it has not been started"
@@ -118,15 +117,12 @@ class LiveWorkers:
         if self._group is not None:
             return
         self.report = self.plan.new_report(started_at=time.time())
-        rendezvous = _Rendezvous(self.plan, forks=True).__enter__()
-        spec = dataclasses.replace(self.plan.worker_spec(rendezvous.port, 0), commands=True)
-        group = WorkerGroup(spec, self._emit)
-        self._rendezvous, self._group = rendezvous, group
         self._finished = {0: {}}
+        self._opened = contextlib.ExitStack()
         try:
             with interrupts_stop(None) as stop:
-                group.start()
-                rendezvous.serve()
+                opening = open_group(self.plan, self._emit, None, 0, commands=True, interrupt=stop)
+                self._group = self._opened.enter_context(opening)
                 self._serve_until(lambda: self._answered(0, self.ranks), START_SECONDS, stop)
         except BaseException as error:
             self._end(f"it failed to start ({type(error).__name__})")
@@ -228,7 +224,7 @@ class LiveWorkers:
 
     def _call_once(
         self,
-        group: WorkerGroup,
+        group: WorkerGroupBase,
         kind: str,
         payload: bytes,
         chosen: list[int],
@@ -263,18 +259,19 @@ class LiveWorkers:
         not_formed = self._form_again_if_broken()
         return self._outcome(answers, chosen, return_all, not_formed)
 
-    def _notice_deaths(self, group: WorkerGroup) -> None:
+    def _notice_deaths(self, group: WorkerGroupBase) -> None:
         """Before a call: a worker that died since the last one ends the group, named."""
         group.poll()
-        if any(worker.exitcode is not None or worker.error for worker in group.workers):
+        if any(worker.ended or worker.error for worker in group.workers):
             with contextlib.suppress(TimeoutError):
                 self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError
 
-    def _send(self, group: WorkerGroup, call: Call) -> None:
+    def _send(self, group: WorkerGroupBase, call: Call) -> None:
         deadline = time.monotonic() + SEND_SECONDS
+        frame = encode(call)
         try:
             for rank in call.ranks:
-                write_call(group.command_fd(rank), call, deadline)
+                group.send_command(rank, frame, deadline)
         except (OSError, TimeoutError) as error:
             # Most often a worker that died since the last call (its pipe is closed):
             # wait for its exit, to name it.
@@ -367,8 +364,8 @@ class LiveWorkers:
         """Have every worker shut down its connections to the others: any collective
         they wait in (or start) fails at once (live/regroup.py)."""
         group = self._running_group()
-        pids = [worker.process.pid for worker in group.workers]
-        self._send(group, Call(next(self._ids), "break", pickle.dumps(pids), tuple(self.ranks)))
+        addresses = pickle.dumps(group.connection_addresses())
+        self._send(group, Call(next(self._ids), "break", addresses, tuple(self.ranks)))
         self._broken = True
 
     def _form_again_if_broken(self) -> str | None:
@@ -474,7 +471,7 @@ class LiveWorkers:
             self._current_stop = None
             stop.close()
 
-    def _running_group(self) -> WorkerGroup:
+    def _running_group(self) -> WorkerGroupBase:
         if self._group is None:
             raise GroupEnded(
                 f"the live workers are not running: {self._ended_because}. "
@@ -560,13 +557,11 @@ class LiveWorkers:
                 view.changed(final=False)
 
     def _end(self, because: str) -> None:
-        group, self._group = self._group, None
-        rendezvous, self._rendezvous = self._rendezvous, None
+        self._group = None
+        opened, self._opened = self._opened, None
         self._ended_because = because
-        if group is not None:
-            group.stop()
-        if rendezvous is not None:
-            rendezvous.__exit__(None, None, None)
+        if opened is not None:  # stops the workers, and releases what they held
+            opened.close()
         self.report.status = "stopped"
 
 

@@ -10,16 +10,15 @@ live/values.py.
 Besides the user's calls, the kernel sends two of its own (live/regroup.py):
 "break" (every worker shuts down its connections to the others, at once,
 even in the middle of a call) and "regroup" (every worker forms the process
-group again, then answers).
+group again, then answers). The group writes each frame where its worker
+reads it: into the pipe here, through the node's agent on a cluster.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
-import select
 import struct
-import time
 from dataclasses import dataclass
 
 _HEADER = struct.Struct("<Q")
@@ -32,7 +31,8 @@ class Call:
     call_id: int
     # "function": `payload` is (function, args, kwargs) pickled by value;
     # "cell": `payload` is the cell's source, utf-8;
-    # "break": `payload` is the workers' process ids, pickled (no answer);
+    # "break": `payload` is the local addresses of the workers' TCP connections,
+    # pickled (no answer);
     # "regroup": `payload` is the new group's generation number, as text.
     kind: str
     payload: bytes
@@ -43,18 +43,10 @@ class Call:
     filename: str = "<cell on workers>"
 
 
-def write_call(fd: int, call: Call, deadline: float) -> None:
-    """Write `call` to a worker's command pipe (non-blocking); TimeoutError if the
-    worker does not read it before `deadline` (it is stuck, or gone)."""
+def encode(call: Call) -> bytes:
+    """`call` as the frame a worker's command pipe carries (the group writes it)."""
     body = pickle.dumps(call, protocol=pickle.HIGHEST_PROTOCOL)
-    data = memoryview(_HEADER.pack(len(body)) + body)
-    while data:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the worker did not read its next call")
-        _, writable, _ = select.select([], [fd], [], remaining)
-        if writable:
-            data = data[os.write(fd, data) :]
+    return _HEADER.pack(len(body)) + body
 
 
 def read_call(fd: int) -> Call | None:

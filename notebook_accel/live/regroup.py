@@ -10,8 +10,9 @@ connections to the others:
   nothing), but a wait on a connection that is shut down fails at once
   ("Connection closed by peer"). Each worker shuts down its TCP connections
   to the other workers of the group (the store the group met at is in the
-  kernel, so it stays up). This runs on the thread that reads the worker's
-  calls, while the code the user called may be stuck in C++.
+  kernel, or in the agent of rank 0's node on a cluster, so it stays up).
+  This runs on the thread that reads the worker's calls, while the code the
+  user called may be stuck in C++.
 - A backend that can abort its communicators itself (nccl) is aborted too.
 
 After that, the old process group is unusable on every rank, and the
@@ -42,19 +43,20 @@ import torch.distributed as dist
 MEET_SECONDS = 30.0
 
 
-def break_connections(peer_pids: list[int]) -> int:
+def break_connections(peer_addresses: list[tuple[str, int]]) -> int:
     """Make every collective this process waits in (or starts) fail at once; return how
-    many connections were shut down. Safe on any thread."""
+    many connections were shut down. `peer_addresses` are the local addresses of the
+    group's connections (the kernel gathers them: on a cluster each node's agent sees
+    its own worker's). Safe on any thread."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
             dist.group.WORLD.abort()  # nccl aborts its communicators; gloo does nothing
-    theirs = set()
-    for pid in peer_pids:
-        with contextlib.suppress(psutil.Error):
-            theirs.update(c.laddr for c in psutil.Process(pid).net_connections(kind="tcp"))
+    theirs = {tuple(address) for address in peer_addresses}
+    mine = psutil.Process().net_connections(kind="tcp")
+    # A connection to another worker has that worker's local end as its far end.
     shut = 0
-    for connection in psutil.Process().net_connections(kind="tcp"):
-        if connection.raddr and connection.raddr in theirs and connection.fd >= 0:
+    for connection in mine:
+        if connection.raddr and tuple(connection.raddr) in theirs and connection.fd >= 0:
             shut += _shut_down(connection.fd)
     return shut
 

@@ -22,7 +22,7 @@ import pytest
 import torch.distributed as dist
 
 from notebook_accel import notebook_launcher
-from notebook_accel.launch import forking, launcher, supervisor
+from notebook_accel.launch import forking, rendezvous, supervisor
 from notebook_accel.reporting.events import AttemptStarted, Result, RunEnded, WorkerExited
 from notebook_accel.reporting.observers import RunObserver
 from tests_support import live_children
@@ -70,7 +70,7 @@ def pressing_after_fork(real_fork):
 
 
 STEPS = [
-    (launcher, "_listening_socket"),
+    (rendezvous, "_listening_socket"),
     (dist, "TCPStore"),
     (forking.Janitor, "start"),
     (supervisor.WorkerGroup, "_start_one"),
@@ -79,7 +79,7 @@ STEPS = [
     (supervisor.WorkerGroup, "stop"),
     (supervisor, "_end_processes"),
     (forking.Janitor, "close"),
-    (launcher._Rendezvous, "__exit__"),
+    (rendezvous.Rendezvous, "__exit__"),
 ]
 
 

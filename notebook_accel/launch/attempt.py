@@ -1,0 +1,49 @@
+"""One attempt's workers, started where the plan says: on this machine or on a cluster."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from notebook_accel.launch.preflight import LaunchPlan
+from notebook_accel.launch.rendezvous import Rendezvous
+from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, WorkerGroupBase
+
+
+@contextmanager
+def open_group(
+    plan: LaunchPlan,
+    emit: Emit,
+    stop: StopSignal | None,
+    attempt: int,
+    commands: bool = False,
+    interrupt: StopSignal | None = None,
+) -> Iterator[WorkerGroupBase]:
+    """Start the workers of attempt `attempt` (live ones with `commands`); stop them,
+    and release what they held, when the block ends.
+
+    `stop` ends the group's waits for as long as it runs; `interrupt`, when set
+    while the workers are still being placed and started, abandons the start
+    (a cluster can take seconds there). Both raise KeyboardInterrupt.
+
+    On this machine the store is hosted here and the workers are this
+    machine's processes; on a cluster the cluster's group does both
+    (launch/cluster/group.py).
+    """
+    if plan.cluster is not None:
+        from notebook_accel.launch.cluster.group import open_cluster_group
+
+        opening = open_cluster_group(plan, emit, stop, attempt, commands, interrupt or stop)
+        with opening as group:
+            yield group
+        return
+    with Rendezvous.for_plan(plan, forks=True) as rendezvous:
+        spec = plan.worker_spec(rendezvous.port, attempt)
+        group = WorkerGroup(dataclasses.replace(spec, commands=commands), emit, stop)
+        try:
+            group.start()
+            rendezvous.serve()
+            yield group
+        finally:
+            group.stop()
