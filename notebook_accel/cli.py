@@ -260,6 +260,13 @@ def torchrun_command(options: argparse.Namespace) -> tuple[list[str], dict[str, 
     }
     values = {**config.launch_options(), **overrides}
     values = LaunchConfig(**values).checked().launch_options()
+    if values["cluster"] != "local":
+        raise ValueError(
+            f"the configuration says cluster={values['cluster']!r}, but `notebook-accel "
+            "launch` runs a script with torchrun on this machine (and the machines you start "
+            "it on). Run the function from a notebook with notebook_launcher(..., "
+            "config=...), or submit the script to the Ray cluster with `ray job submit`."
+        )
     hardware = detect_hardware()
     # The launcher's own checks: platform, worker count, precision.
     platform, processes = choose_workers(values, hardware)

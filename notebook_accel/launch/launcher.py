@@ -195,6 +195,8 @@ def _warmer_for(plan: LaunchPlan, report: RunReport) -> RunWarmer:
     """What imports here what the workers had to import, so the next launch's workers have it."""
     if plan.in_process:  # the function runs here: whatever it imports is here already
         report.warming.finish("not needed")
+    elif plan.cluster is not None:  # the workers fork from the nodes' agents, which warm
+        report.warming.finish("on the cluster")
     return RunWarmer(report.warming, enabled=plan.warm)
 
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.config.settings import PRECISIONS, normalize_fsdp, normalize_precision
+from notebook_accel.launch.cluster.request import CLUSTERS, STRATEGIES
 from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
 from notebook_accel.platforms.registry import PLATFORMS
 from notebook_accel.reporting.observers import OUTPUT_CHOICES
@@ -145,6 +146,38 @@ def _fsdp(value: Any) -> dict | None:
 
 def _flag(value: Any) -> bool:
     return bool(value)
+
+
+def _seconds(name: str) -> Callable[[Any], float]:
+    def check(value: Any) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            raise ValueError(f"{name}={value!r} must be a number of seconds, 0 or more.")
+        return float(value)
+
+    return check
+
+
+def _cpus(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f"cpus_per_worker={value!r} must be a positive number of CPUs.")
+    return float(value)
+
+
+def _ray_address(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise TypeError(f"ray_address must be a string such as 'auto', got {value!r}.")
+    address = value.strip()
+    if address != "auto":
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(
+                f"ray_address={value!r} must be 'auto' (the cluster `ray start` runs on "
+                "this machine), 'host:port' (the head node's GCS, port 6379 by default) or "
+                "'ray://host:port' (Ray Client, port 10001 by default)."
+            )
+    return address
 
 
 # The command line's parsers raise ArgumentTypeError: argparse shows its text as it is.
@@ -336,6 +369,65 @@ OPTIONS: dict[str, Option] = {
             parse=_yes_no,
         ),
         Option(
+            "cluster",
+            "local",
+            "where the workers run: 'local' (this machine's processes) or 'ray' (a Ray "
+            "cluster: ray_address, or the kernel's Ray connection, or a new cluster of this "
+            "machine alone)",
+            _one_of("cluster", CLUSTERS),
+            "str",
+            choices=CLUSTERS,
+            parse=str,
+        ),
+        Option(
+            "ray_address",
+            None,
+            "with cluster='ray': the cluster to connect to, 'auto', 'host:port' or "
+            "'ray://host:port' (default: the kernel's Ray connection, $RAY_ADDRESS, or a new "
+            "cluster of this machine alone)",
+            _ray_address,
+            "str | None",
+            parse=str,
+        ),
+        Option(
+            "placement_strategy",
+            "PACK",
+            f"with cluster='ray': how Ray places the workers, {', '.join(STRATEGIES)} (PACK "
+            "fills nodes one after another, SPREAD spreads them)",
+            _one_of("placement_strategy", STRATEGIES),
+            "str",
+            choices=STRATEGIES,
+            parse=str,
+        ),
+        Option(
+            "workers_per_node",
+            None,
+            "with cluster='ray': exactly this many workers on each node used (default: "
+            "as placement_strategy places them)",
+            _whole("workers_per_node", 1, optional=True),
+            "int | None",
+            minimum=1,
+            parse=int,
+        ),
+        Option(
+            "cpus_per_worker",
+            1.0,
+            "with cluster='ray': CPUs Ray reserves for each worker",
+            _cpus,
+            "float",
+            parse=float,
+        ),
+        Option(
+            "keep_warm",
+            120.0,
+            "with cluster='ray': seconds the workers' processes stay up after a run, holding "
+            "their GPUs or CPUs, so that the next launch starts at once (0: release at once; "
+            "a stopped run always releases them)",
+            _seconds("keep_warm"),
+            "float",
+            parse=float,
+        ),
+        Option(
             "threads_per_process",
             None,
             "torch threads in each worker (default 1; see the README)",
@@ -348,6 +440,14 @@ OPTIONS: dict[str, Option] = {
 }
 
 SAVED_OPTIONS = {name: option for name, option in OPTIONS.items() if option.saved}
+# What only a launch on a Ray cluster (cluster="ray") reads.
+CLUSTER_OPTIONS = (
+    "ray_address",
+    "placement_strategy",
+    "workers_per_node",
+    "cpus_per_worker",
+    "keep_warm",
+)
 POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
 
 

@@ -49,6 +49,45 @@ def pack(function: Any, args: tuple, kwargs: dict, live: bool = False) -> bytes:
     return pickle.dumps((buffer.getvalue(), sources), protocol=5)
 
 
+def pack_for_cluster(function: Any, args: tuple, kwargs: dict) -> bytes:
+    """`pack`, with the code of the modules beside the notebook by value too.
+
+    A cluster's nodes have the installed packages, not the files next to the
+    notebook (a helper module, a test file), which `pack` would name for the
+    worker to import. Those modules are pickled by value for this call only
+    (cloudpickle's registry is the process's: this runs on the launching thread).
+    """
+    local = _modules_beside_the_code()
+    for module in local:
+        cloudpickle.register_pickle_by_value(module)
+    try:
+        return pack(function, args, kwargs)
+    finally:
+        for module in local:
+            cloudpickle.unregister_pickle_by_value(module)
+
+
+def _modules_beside_the_code() -> list[types.ModuleType]:
+    """Imported modules that are files of their own, outside the standard library and
+    the installed packages (this package included: every node has it)."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    roots.append(site.getusersitepackages())
+    installed = tuple(os.path.join(os.path.realpath(root), "") for root in roots if root)
+    found = []
+    for name, module in list(sys.modules.items()):
+        origin = getattr(module, "__file__", None)
+        if not origin or name in ("__main__", "__mp_main__") or name.startswith("notebook_accel"):
+            continue
+        if not os.path.realpath(origin).startswith(installed):
+            found.append(module)
+    return found
+
+
 class _WorkerPickler(cloudpickle.Pickler):
     """cloudpickle, with two changes for workers:
 

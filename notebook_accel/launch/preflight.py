@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from notebook_accel.config.settings import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
 from notebook_accel.launch.fresh import resolve_start_method
-from notebook_accel.launch.options import check_options
+from notebook_accel.launch.options import CLUSTER_OPTIONS, OPTIONS, check_options
 from notebook_accel.platforms.base import LaunchRefused, Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import default_platform, platform_named
@@ -157,6 +157,9 @@ def plan_launch(
     values = check_options(options)
     _check_not_in_worker()
     args, kwargs = _check_call(function, args, kwargs)
+    if values["cluster"] == "ray":
+        return _plan_on_cluster(function, args, kwargs, values)
+    _check_cluster_options_unused(values)
     _check_nodes(values)
     hardware = hardware or detect()
     platform, local_processes = choose_workers(values, hardware)
@@ -187,6 +190,51 @@ def plan_launch(
         warm=values["warm"],
     )
     return _check_how_it_runs(plan, values["start_method"])
+
+
+def _plan_on_cluster(function: Any, args: tuple, kwargs: dict, values: dict) -> LaunchPlan:
+    """A launch on a Ray cluster: Ray places the workers (launch/cluster)."""
+    from notebook_accel.launch.cluster.plan import place_on_cluster
+
+    platform, request = place_on_cluster(values, function, args, kwargs)
+    return LaunchPlan(
+        function=function,
+        args=args,
+        kwargs=kwargs,
+        platform=platform,
+        settings=LaunchSettings(
+            platform.name,
+            values["mixed_precision"],
+            values["gradient_accumulation_steps"],
+            fsdp=values["fsdp"],
+        ),
+        local_world_size=request.workers,
+        num_nodes=1,
+        node_rank=0,
+        master_addr=values["master_addr"],
+        port=None,
+        devices=None,
+        max_restarts=values["max_restarts"],
+        timeout=values["timeout"],
+        return_all=values["return_all"],
+        output=values["output"],
+        threads_per_process=values["threads_per_process"] or 1,
+        single_in_process=False,
+        warm=values["warm"],
+        cluster=request,
+    )
+
+
+def _check_cluster_options_unused(values: dict[str, Any]) -> None:
+    """Options of cluster='ray' given for a launch on this machine: say so, not ignore."""
+    defaults = {name: OPTIONS[name].default for name in CLUSTER_OPTIONS}
+    given = [name for name in CLUSTER_OPTIONS if values[name] != defaults[name]]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for workers on a Ray "
+            "cluster: pass cluster='ray' too, or leave "
+            f"{'it' if len(given) == 1 else 'them'} unset."
+        )
 
 
 def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform, int]:

@@ -53,7 +53,9 @@ class Warming:
     kernel's event loop, between cells: `wait()` for it), "interrupted" (a
     stop press ended it), or "stopped" (an import started a device runtime:
     `problem` says which; the next launch refuses, and warming stays off in
-    this process). `modules` are the modules imported here on purpose, in
+    this process), or "on the cluster" (the workers ran on a Ray cluster,
+    whose agents import what their workers had to import, after each run:
+    launch/cluster/agent.py). `modules` are the modules imported here on purpose, in
     order; `imported` counts every module that brought in; `seconds` is what
     it took (once, instead of in every worker of every launch). `skipped`
     maps a module left alone to the reason.

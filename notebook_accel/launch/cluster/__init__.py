@@ -1,0 +1,1 @@
+"""Workers on a Ray cluster, driven from one kernel (see group.py)."""

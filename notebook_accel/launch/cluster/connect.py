@@ -1,0 +1,162 @@
+"""Reaching Ray from the kernel: the package, the connection, what the cluster has.
+
+The kernel is a Ray driver. It uses the connection it has (`ray.init` called
+in an earlier cell, or by an earlier launch), else the cluster `ray_address`
+names ("auto" for the one `ray start` runs on this machine, "host:6379",
+"ray://host:10001" through Ray Client), else $RAY_ADDRESS, else it starts a
+Ray cluster of this machine alone, bound to the loopback interface.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Any
+
+from notebook_accel.launch.cluster.request import NodeResources
+
+INSTALL = 'pip install "notebook_accel[ray]"'
+# How long the kernel tries to reach the cluster's address before saying it cannot.
+REACH_SECONDS = 5.0
+# Ray's setting that keeps a cluster on the loopback interface, as it does on macOS
+# and Windows; Ray reads it when it is imported.
+LOOPBACK_SETTING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+
+
+def require_ray() -> Any:
+    """The ray module, or an ImportError that says how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise ModuleNotFoundError(
+            f"cluster='ray' runs the workers on a Ray cluster, but the ray package is not "
+            f"installed here: {INSTALL} (or pip install 'ray[default]'), then run the "
+            "cell again."
+        ) from None
+    return ray
+
+
+def connect(address: str | None) -> str:
+    """Make sure this process is connected to the cluster; return what it is connected to.
+
+    Raises ConnectionError, saying what to do, when the address cannot be reached.
+    """
+    ray = require_ray()
+    if ray.is_initialized():
+        current = _current_address(ray)
+        if address not in (None, "auto") and current and not _same(address, current):
+            raise ConnectionError(
+                f"this kernel is connected to the Ray cluster at {current}, not {address}: "
+                "call ray.shutdown() first to connect elsewhere, or leave ray_address "
+                "unset to use that cluster."
+            )
+        return f"the Ray cluster at {current}" if current else "the Ray cluster"
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        _start_local(ray)
+        return "a Ray cluster of this machine alone"
+    _check_reachable(address)
+    try:
+        ray.init(address=address, log_to_driver=False, logging_level="warning")
+    except ConnectionError as error:
+        raise ConnectionError(
+            f"cannot connect to the Ray cluster at {address!r} ({error}). Start one with "
+            "`ray start --head`, pass its address as ray_address, or leave ray_address "
+            "unset to start one on this machine."
+        ) from None
+    return f"the Ray cluster at {address}"
+
+
+def alive_nodes(excluding: set[str] | frozenset[str] = frozenset()) -> list[NodeResources]:
+    """The cluster's live nodes and the CPUs and GPUs each has (in all, not free)."""
+    ray = require_ray()
+    nodes = []
+    for node in ray.nodes():
+        if not node.get("Alive") or node["NodeID"] in excluding:
+            continue
+        resources = node.get("Resources", {})
+        nodes.append(
+            NodeResources(
+                node_id=node["NodeID"],
+                address=node.get("NodeManagerAddress", "?"),
+                cpus=float(resources.get("CPU", 0.0)),
+                gpus=float(resources.get("GPU", 0.0)),
+            )
+        )
+    return nodes
+
+
+def free_resources() -> str:
+    """ "free now: 1 CPU, 0 GPUs" """
+    ray = require_ray()
+    free = ray.available_resources()
+    cpus, gpus = free.get("CPU", 0.0), free.get("GPU", 0.0)
+    return (
+        f"free now: {cpus:g} CPU{'s' if cpus != 1 else ''}, {gpus:g} GPU{'s' if gpus != 1 else ''}"
+    )
+
+
+def _start_local(ray: Any) -> None:
+    """A Ray cluster of this machine alone, for this kernel (it ends with the kernel).
+
+    Only this machine takes part, so Ray stays on the loopback interface (it would
+    otherwise advertise the machine's network address): the setting is read when
+    Ray is imported, and by the processes Ray starts."""
+    os.environ.setdefault(LOOPBACK_SETTING, "0")
+    constants = sys.modules.get("ray._private.ray_constants")
+    if constants is not None and os.environ[LOOPBACK_SETTING] == "0":
+        constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the setting
+    ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+
+
+def _check_reachable(address: str) -> None:
+    if address == "auto":
+        return  # Ray finds the cluster of this machine itself, or says there is none
+    host, port = _host_and_port(address)
+    try:
+        with socket.create_connection((host, port), timeout=REACH_SECONDS):
+            pass
+    except OSError as error:
+        raise ConnectionError(
+            f"cannot reach the Ray cluster at {address!r} ({error.strerror or error}); "
+            "check the address and that the cluster runs (`ray status` on its head node), "
+            "or leave ray_address unset to start a cluster on this machine. Nothing was "
+            "started."
+        ) from None
+
+
+def _host_and_port(address: str) -> tuple[str, int]:
+    bare = address.removeprefix("ray://")
+    host, _, port = bare.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(
+            f"ray_address={address!r} must be 'auto', 'host:port' (the head's GCS, port "
+            "6379 by default) or 'ray://host:port' (Ray Client, port 10001 by default)."
+        )
+    return host.strip("[]"), int(port)
+
+
+def _current_address(ray: Any) -> str:
+    try:
+        return str(ray.get_runtime_context().gcs_address or "")
+    except Exception:  # noqa: BLE001 - a Ray Client connection does not say
+        return ""
+
+
+def _same(address: str, current: str) -> bool:
+    try:
+        host, port = _host_and_port(address)
+        current_host, current_port = _host_and_port(current)
+    except ValueError:
+        return address == current
+    if port != current_port:
+        return False
+    return _resolve(host) == _resolve(current_host)
+
+
+def _resolve(host: str) -> str:
+    try:
+        return socket.gethostbyname(host)
+    except OSError:
+        return host

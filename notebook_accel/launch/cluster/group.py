@@ -1,0 +1,368 @@
+"""The kernel's side of workers on a Ray cluster: one more WorkerGroupBase.
+
+A launch (or a live group) with `cluster="ray"` opens its attempt here
+instead of on this machine (launch/attempt.py); everything above the group
+(the launcher, restarts, the reporting events, the views and the panel, live
+calls) is the same code as for local workers.
+
+- Placing: a pool of agents, one per worker, in a placement group
+  (launch/cluster/pool.py), warm from an earlier run when it has the same
+  shape.
+- Starting: rank 0's agent binds the store on its node, then every agent
+  forks its worker with the rank's environment (MASTER_ADDR is rank 0's
+  node). The function and its arguments travel once, by value, through Ray's
+  object store.
+- Watching: each agent relays its worker's output and channel bytes and its
+  exit through Ray's own calls (one `events()` call in flight per agent,
+  answered as soon as there is something); they become lines and events here
+  exactly as a local worker's do. Nothing connects back to the kernel: only
+  the kernel reaches the cluster, so Ray Client (`ray://`) works too.
+- Losing: an agent that stops answering (its node left the cluster) is a
+  lost worker, named with its node; the others are stopped as for any failure.
+- Stopping: every agent ends its worker (SIGTERM, then SIGKILL) and returns
+  its last output. The pool is then kept warm, or released at once when the
+  run was stopped, timed out or lost a node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
+from notebook_accel.launch.cluster.pool import (
+    AGENT_START_SECONDS,
+    Place,
+    WorkerPool,
+    node_lost,
+    return_pool,
+    take_pool,
+    wait_for,
+)
+from notebook_accel.launch.errors import WorkerError
+from notebook_accel.launch.forking import interrupts_deferred
+from notebook_accel.launch.preflight import LaunchPlan
+from notebook_accel.launch.supervisor import (
+    KILL_REAP_SECONDS,
+    TERMINATE_GRACE_SECONDS,
+    Emit,
+    StopSignal,
+    WorkerGroupBase,
+    _Pipe,
+    _Worker,
+)
+from notebook_accel.launch.worker import WorkerSpec
+from notebook_accel.reporting.events import ModulesImported, RunEvent, WorkerExited
+
+# How long one `events()` call may wait on its node for something to relay.
+RELAY_SECONDS = 0.5
+# The longest one wait here lasts before the deadline and stop signal are looked at.
+POLL_SLICE_SECONDS = 0.1
+# How long the agents get to stop their workers and send their last output.
+STOP_SECONDS = TERMINATE_GRACE_SECONDS + KILL_REAP_SECONDS + 2.0
+# How long a live call's other orders (close, connections) get.
+ORDER_SECONDS = 10.0
+STREAMS = ("stdout", "stderr", "channel")
+
+
+class RayWorkerGroup(WorkerGroupBase):
+    """The workers of one attempt, one per agent of `pool`."""
+
+    # A lost node's agent is named a second or two after its peers see their
+    # connections to it close: listen that long for it to be the cause.
+    settle_seconds = 3.0
+
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        emit: Emit,
+        stop: StopSignal | None,
+        pool: WorkerPool,
+        rendezvous_timeout: float,
+    ) -> None:
+        super().__init__(spec, emit, stop)
+        self.pool = pool
+        self.rendezvous_timeout = rendezvous_timeout
+        self._ray = require_ray()
+        self._polls: dict[Any, _Worker] = {}
+        self._pipes: dict[tuple[int, str], _Pipe] = {}
+        self._agents: dict[int, Any] = {}
+        self._imported: dict[int, list[tuple[str, str | None]]] = {}
+        self._stopped = False
+
+    @property
+    def lost_any(self) -> bool:
+        """Whether a worker's agent (its node, most often) stopped answering."""
+        return any(worker.lost for worker in self.workers)
+
+    # -- starting --------------------------------------------------------------
+
+    def start(self, interrupt: Callable[[], bool] | None = None) -> None:
+        """Bind the store on rank 0's node, then fork every rank's worker."""
+        ray = self._ray
+        first = self.pool.agents[0]
+        [port] = wait_for(
+            [first.open_store.remote(self.rendezvous_timeout)], AGENT_START_SECONDS, interrupt
+        )
+        master = self.pool.places[0].info.address
+        shipped = ray.put(self.spec.shipped)
+        starts = {}
+        for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
+            worker = _Worker(place.rank, place.local_rank, process=place, where=place.where)
+            self.workers.append(worker)
+            self._agents[place.rank] = agent
+            for stream in STREAMS:
+                self._pipes[(place.rank, stream)] = _Pipe(worker, stream, reader=None)
+            self._pipes[(place.rank, "channel")].reader = _channel_reader(place.rank)
+            spec = self._spec_for(place, master, port)
+            starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
+        self._wait_started(starts, interrupt)
+
+    def _spec_for(self, place: Place, master: str, port: int) -> WorkerSpec:
+        environment = {
+            **self.spec.environment,
+            "MASTER_ADDR": master,
+            "MASTER_PORT": str(port),
+            "LOCAL_WORLD_SIZE": str(place.local_world_size),
+        }
+        if place.node_gpu_ids:
+            environment["CUDA_VISIBLE_DEVICES"] = ",".join(place.node_gpu_ids)
+        return dataclasses.replace(
+            self.spec,
+            function=None,
+            args=(),
+            kwargs={},
+            shipped=None,
+            node_rank=place.node_index,
+            local_world_size=place.local_world_size,
+            first_rank=place.first_rank,
+            main_rank=0,
+            environment=environment,
+            start_method="fork",
+        )
+
+    def _wait_started(
+        self, starts: dict[Any, _Worker], interrupt: Callable[[], bool] | None
+    ) -> None:
+        ray = self._ray
+        deadline = time.monotonic() + AGENT_START_SECONDS
+        pending = list(starts)
+        while pending and time.monotonic() < deadline:
+            if interrupt is not None and interrupt():
+                raise KeyboardInterrupt("the run was stopped")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
+            for ref in ready:
+                worker = starts[ref]
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as error:
+                    self._lose(worker, error)
+                    continue
+                except ray.exceptions.RayTaskError as error:
+                    self._lose(worker, error, because="its agent could not start it")
+                    continue
+                self._relay(worker)
+        for ref in pending:
+            self._lose(
+                starts[ref], None, because=f"it did not start within {AGENT_START_SECONDS:.0f} s"
+            )
+
+    # -- watching --------------------------------------------------------------
+
+    def _poll(self, until: float | None) -> None:
+        ray = self._ray
+        now = time.monotonic()
+        wait = POLL_SLICE_SECONDS if until is None else min(POLL_SLICE_SECONDS, until - now)
+        wait = max(0.0, wait)
+        if not self._polls:
+            time.sleep(wait)
+            return
+        ready, rest = ray.wait(list(self._polls), num_returns=1, timeout=wait)
+        if ready and rest:
+            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            ready += more
+        for ref in ready:
+            worker = self._polls.pop(ref)
+            try:
+                relayed = ray.get(ref)
+            except ray.exceptions.RayActorError as error:
+                self._lose(worker, error)
+                continue
+            except ray.exceptions.RayError as error:
+                self._lose(worker, error, because="its agent failed")
+                continue
+            self._deliver(worker, relayed)
+            if not worker.ended:
+                self._relay(worker)
+
+    def _relay(self, worker: _Worker) -> None:
+        self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
+
+    def _deliver(self, worker: _Worker, relayed: list[Any]) -> None:
+        for item in relayed:
+            if isinstance(item, tuple):
+                stream, data = item
+                self._take(self._pipes[(worker.rank, stream)], data)
+            elif isinstance(item, WorkerExited):
+                if not worker.ended:
+                    self._flush(worker)
+                    self._exited(worker, item.exitcode)
+            else:  # the agent's own events: memory samples
+                self.emit(item)
+
+    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+        if isinstance(event, ModulesImported):  # for the agent to import after the run
+            self._imported.setdefault(worker.rank, []).extend(event.modules)
+        super()._on_event(worker, event)
+
+    def _flush(self, worker: _Worker) -> None:
+        for stream in ("stdout", "stderr"):
+            pipe = self._pipes[(worker.rank, stream)]
+            self._emit_lines(pipe, pipe.lines.flush())
+
+    def _lose(self, worker: _Worker, error: BaseException | None, because: str = "") -> None:
+        """`worker`'s agent cannot be reached: its node left the cluster, most often."""
+        if worker.ended:
+            return
+        place: Place = worker.process
+        if not because:
+            gone = place.info.node_id not in {node.node_id for node in alive_nodes()}
+            because = (
+                "its node left the cluster"
+                if gone
+                else "its node stopped answering (it left the cluster, or the network to it "
+                "is down)"
+            )
+            node_lost(place.info.node_id)
+        detail = _first_line(error)
+        self._flush(worker)
+        self._exited(worker, None, lost=f"{because} ({detail})" if detail else because)
+
+    # -- live workers ------------------------------------------------------------
+
+    def signal(self, rank: int, signum: int) -> None:
+        worker = self._worker(rank)
+        if worker is not None and not worker.ended:
+            self._agents[rank].signal.remote(signum)
+
+    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
+        ray = self._ray
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("the worker did not read its next call")
+        ref = self._agents[rank].send_command.remote(frame, remaining)
+        try:
+            ray.get(ref, timeout=remaining + ORDER_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError("the worker's agent did not answer") from None
+        except ray.exceptions.RayActorError as error:
+            raise OSError(f"worker rank {rank}'s agent is gone ({_first_line(error)})") from None
+        except ray.exceptions.RayTaskError as error:
+            if isinstance(error.cause, TimeoutError):
+                raise TimeoutError(str(error.cause)) from None
+            raise OSError(_first_line(error)) from None
+
+    def close_commands(self) -> None:
+        refs = [self._agents[w.rank].close_commands.remote() for w in self.workers if not w.lost]
+        self._ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
+
+    def connection_addresses(self) -> list[tuple[str, int]]:
+        ray = self._ray
+        refs = [self._agents[w.rank].connections.remote() for w in self.workers if not w.lost]
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
+        found: set[tuple[str, int]] = set()
+        for ref in ready:
+            try:
+                found.update(tuple(address) for address in ray.get(ref))
+            except ray.exceptions.RayError:
+                continue
+        return sorted(found)
+
+    # -- stopping --------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Have every agent end its worker; take their last output (once)."""
+        with interrupts_deferred():
+            if self._stopped:
+                return
+            self._stopped = True
+            ray = self._ray
+            stops = {self._agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
+            ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
+            for ref in ready:
+                worker = stops[ref]
+                try:
+                    self._deliver(worker, ray.get(ref))
+                except ray.exceptions.RayError as error:
+                    self._lose(worker, error)
+            for ref in unready:
+                self._lose(
+                    stops[ref],
+                    None,
+                    because=f"its agent did not stop it within {STOP_SECONDS:.0f} s",
+                )
+            for worker in self.workers:
+                if not worker.ended:
+                    self._flush(worker)
+            self._polls.clear()
+
+    def warm_agents(self) -> None:
+        """Have each agent import what its worker had to import (for the next run)."""
+        for rank, modules in self._imported.items():
+            self._agents[rank].warm.remote(modules)
+
+    def _worker(self, rank: int) -> _Worker | None:
+        return next((worker for worker in self.workers if worker.rank == rank), None)
+
+
+@contextmanager
+def open_cluster_group(
+    plan: LaunchPlan,
+    emit: Emit,
+    stop: StopSignal | None,
+    attempt: int,
+    commands: bool,
+    interrupt: StopSignal | None,
+) -> Iterator[RayWorkerGroup]:
+    """The workers of one attempt on the cluster, started; when the block ends, stopped,
+    and their pool kept warm, or released when the run was stopped, timed out or lost
+    a node."""
+    request = plan.cluster
+    assert request is not None
+    asked_to_stop = interrupt.is_set if interrupt is not None else None
+    connect(request.address)
+    pool = take_pool(request, asked_to_stop)
+    spec = dataclasses.replace(
+        plan.worker_spec(0, attempt), commands=commands, shipped=request.shipped
+    )
+    group = RayWorkerGroup(spec, emit, stop, pool, plan.rendezvous_timeout)
+    keep = False
+    try:
+        group.start(asked_to_stop)
+        yield group
+        keep = True
+    except WorkerError:
+        keep = True  # the workers failed, not their agents: those serve the next run
+        raise
+    finally:
+        group.stop()
+        keep = keep and not group.lost_any
+        if keep:
+            group.warm_agents()
+        return_pool(pool, keep)
+
+
+def _channel_reader(rank: int) -> Any:
+    from notebook_accel.launch.channel import ChannelReader
+
+    return ChannelReader(rank)
+
+
+def _first_line(error: BaseException | None) -> str:
+    if error is None:
+        return ""
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text.splitlines()[0] if text else ''}"[:300]

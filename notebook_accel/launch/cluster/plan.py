@@ -1,0 +1,128 @@
+"""The checks a launch on a Ray cluster makes before anything starts, and its request.
+
+In this order, each with an error that says what to do: the options that
+only mean something on one machine, Ray installed, the function and its
+arguments able to travel to the nodes, the cluster reachable (a cluster of
+this machine alone is started when none is named), and the cluster big
+enough for what was asked (Ray would wait forever for a placement group it
+cannot hold).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
+from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
+from notebook_accel.launch.errors import PlacementError
+from notebook_accel.platforms.base import Platform
+from notebook_accel.platforms.hardware import Hardware
+from notebook_accel.platforms.registry import platform_named
+
+# Options that choose machines and ports by hand: on a cluster, Ray places the workers.
+_BY_HAND = {
+    "num_nodes": 1,
+    "node_rank": 0,
+    "master_addr": "127.0.0.1",
+    "use_port": None,
+    "devices": None,
+    "start_method": None,
+}
+
+
+def place_on_cluster(
+    values: dict[str, Any], function: Any, args: tuple, kwargs: dict
+) -> tuple[Platform, ClusterRequest]:
+    """The platform the workers run on and what to ask of the cluster, or an error."""
+    _refuse_options_for_one_machine(values)
+    require_ray()
+    shipped = _packed(function, args, kwargs)
+    connect(values["ray_address"])
+    nodes = alive_nodes()
+    platform = _platform(values["backend"], nodes)
+    workers = values["num_processes"] or _default_workers(platform, nodes, values)
+    per_node = values["workers_per_node"]
+    if per_node and workers % per_node:
+        raise ValueError(
+            f"num_processes={workers} is not a multiple of workers_per_node={per_node}: "
+            "every node used runs the same number of workers."
+        )
+    request = ClusterRequest(
+        address=values["ray_address"],
+        workers=workers,
+        gpus_per_worker=1 if platform.name == "cuda" else 0,
+        cpus_per_worker=values["cpus_per_worker"],
+        strategy=values["placement_strategy"],
+        workers_per_node=per_node,
+        keep_warm=values["keep_warm"],
+        shipped=shipped,
+    )
+    why = unmet(request, nodes)
+    if why:
+        raise PlacementError(
+            f"The cluster cannot run this launch: {why}. Nothing was started. Ask for fewer "
+            "workers (num_processes), fewer CPUs each (cpus_per_worker), another "
+            "placement_strategy, or add nodes."
+        )
+    if platform.name == "cpu":  # a GPU's precisions are checked where it is
+        hardware = Hardware(cpu_cores=int(sum(node.cpus for node in nodes)))
+        platform.check_precision(values["mixed_precision"], hardware)
+    return platform, request
+
+
+def _refuse_options_for_one_machine(values: dict[str, Any]) -> None:
+    given = [name for name, default in _BY_HAND.items() if values.get(name) != default]
+    if given:
+        raise ValueError(
+            f"{', '.join(given)} {'chooses' if len(given) == 1 else 'choose'} machines, "
+            "ports or devices by hand; with cluster='ray', Ray places the workers: leave "
+            f"{'it' if len(given) == 1 else 'them'} unset (num_processes, workers_per_node "
+            "and placement_strategy say how many and where)."
+        )
+    if values["backend"] == "xla":
+        raise ValueError(
+            "backend='xla' runs on this machine's TPU only; on a Ray cluster the workers "
+            "run on GPUs (backend='cuda') or CPUs (backend='cpu')."
+        )
+    if values["workers_per_node"] and values["placement_strategy"] != "PACK":
+        raise ValueError(
+            f"workers_per_node={values['workers_per_node']} puts that many workers on each "
+            "node, every node its own (STRICT_SPREAD); leave placement_strategy unset."
+        )
+
+
+def _packed(function: Any, args: tuple, kwargs: dict) -> bytes:
+    from notebook_accel.launch.packing import pack_for_cluster
+
+    try:
+        return pack_for_cluster(function, args, kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
+        raise TypeError(
+            "the function and its arguments must travel to the cluster's nodes, but they "
+            f"cannot be pickled ({type(error).__name__}: {error}). Pass plain data "
+            "(tensors, numbers, strings, models) and define what the function uses in the "
+            "notebook or in installed packages; open files, locks and connections cannot "
+            "travel."
+        ) from None
+
+
+def _platform(backend: str | None, nodes: list[NodeResources]) -> Platform:
+    gpus = sum(node.gpus for node in nodes)
+    name = backend or ("cuda" if gpus else "cpu")
+    if name == "cuda" and not gpus:
+        raise PlacementError(
+            f"backend='cuda' needs GPUs, but the cluster has none ({len(nodes)} "
+            f"node{'s' if len(nodes) != 1 else ''}, CPUs only). Use backend='cpu', or add "
+            "GPU nodes. Nothing was started."
+        )
+    return platform_named(name)
+
+
+def _default_workers(platform: Platform, nodes: list[NodeResources], values: dict) -> int:
+    """Every GPU of the cluster; on CPUs, one worker per node that has room, at least 2."""
+    if platform.name == "cuda":
+        return max(1, int(sum(node.gpus for node in nodes)))
+    each = values["cpus_per_worker"]
+    room = sum(node.slots(each, 0.0) for node in nodes)
+    with_room = sum(1 for node in nodes if node.slots(each, 0.0) >= 1)
+    return max(1, min(room, max(with_room, 2)))

@@ -1,0 +1,342 @@
+"""The agents of a launch on a Ray cluster: placed, ranked, kept warm, released.
+
+A pool is one placement group holding what the launch asked for (a bundle
+per worker, or per node with `workers_per_node`) and one agent per worker
+in it (launch/cluster/agent.py). Ranks follow the nodes: the workers of the
+node that holds bundle 0 come first, each node's ranks are consecutive, so
+LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
+
+After a run the pool stays up for `keep_warm` seconds, so the next launch
+with the same shape reuses its agents (their processes, their imports) and
+starts in a fraction of a second. A run that was stopped, timed out or lost
+a node releases its pool at once: every agent is killed and the placement
+group removed, which frees its GPUs and CPUs for the cluster's other work.
+The pool belongs to this kernel's Ray job, so Ray removes it if the kernel
+dies; `release_cluster()` frees a warm pool earlier.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from notebook_accel.launch.cluster.agent import MAX_CONCURRENT_CALLS, AgentInfo, NodeAgent
+from notebook_accel.launch.cluster.connect import alive_nodes, free_resources, require_ray
+from notebook_accel.launch.cluster.request import ClusterRequest, unmet
+from notebook_accel.launch.errors import PlacementError
+
+# How long the cluster gets to find room for the placement group, when it has the room
+# in all but other work holds part of it.
+PLACEMENT_SECONDS = 30.0
+# How long the agents get to start: Ray starts a process on each node that imports torch.
+AGENT_START_SECONDS = 120.0
+# How long warm agents get to answer before a launch makes new ones instead.
+PING_SECONDS = 5.0
+# After a node was lost, how long to wait for the cluster to see it gone before placing
+# the workers again (until then Ray may still offer it).
+NODE_GONE_SECONDS = 30.0
+# The longest one wait lasts before the stop signal is looked at again.
+WAIT_SLICE_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where one rank runs: its node (numbered in rank order) and its place on it."""
+
+    rank: int
+    node_index: int
+    local_rank: int
+    local_world_size: int
+    first_rank: int
+    info: AgentInfo
+    # The GPUs of every rank on this node, in local-rank order (CUDA_VISIBLE_DEVICES):
+    # cuda:LOCAL_RANK is then this rank's own GPU, as on one machine.
+    node_gpu_ids: tuple[str, ...] = ()
+
+    @property
+    def where(self) -> str:
+        return f"node {self.info.address} ({self.info.node_id[:8]})"
+
+
+class WorkerPool:
+    """A placement group and its agents, ordered by rank. Made by `take_pool`."""
+
+    def __init__(
+        self, request: ClusterRequest, group: Any, agents: list[Any], infos: list[AgentInfo]
+    ) -> None:
+        self.request = request
+        self.placement_group = group
+        self.places, order = _places(infos)
+        self.agents = [agents[index] for index in order]
+        self._released = False
+        # Looked up now, on the launching thread: the keep-warm timer's thread releases
+        # the pool with them and imports nothing.
+        self._kill, self._remove = _releasers()
+
+    @property
+    def nodes(self) -> int:
+        return len({place.info.node_id for place in self.places})
+
+    def answers(self) -> bool:
+        """Whether every agent is up and answering (a warm pool is checked before use)."""
+        ray = require_ray()
+        try:
+            ray.get([agent.ping.remote() for agent in self.agents], timeout=PING_SECONDS)
+        except Exception:  # noqa: BLE001 - any failure means: make a new pool
+            return False
+        return True
+
+    def release(self) -> None:
+        """Kill every agent and remove the placement group (once; never raises)."""
+        if self._released:
+            return
+        self._released = True
+        _release_parts(self.placement_group, self.agents, self._kill, self._remove)
+
+
+def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
+    """Place `request` on the cluster and start its agents, or raise PlacementError
+    (KeyboardInterrupt when `interrupt()` turns true meanwhile); nothing is left behind."""
+    ray = require_ray()
+    from ray.util.placement_group import placement_group, placement_group_table
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    _wait_until_lost_nodes_are_gone(interrupt)
+    why = unmet(request, alive_nodes(excluding=_LOST_NODES))
+    if why:
+        raise PlacementError(f"The cluster cannot run this launch: {why}. {_FEWER}")
+    group = placement_group(
+        request.bundles(),
+        strategy=request.placement_strategy,
+        name=f"notebook_accel-{uuid.uuid4().hex[:12]}",
+    )
+    agents: list[Any] = []
+    try:
+        try:
+            wait_for([group.ready()], PLACEMENT_SECONDS, interrupt)
+        except TimeoutError:
+            raise PlacementError(
+                f"The cluster has room for {request.describe()} in all, but found none "
+                f"within {PLACEMENT_SECONDS:.0f} s: other work holds part of it now "
+                f"({free_resources()}; live workers of this kernel hold theirs until "
+                "closed). Nothing was started; try again once it is free, or ask for fewer."
+            ) from None
+        placed = placement_group_table(group).get("bundles_to_node_id", {})
+        actor = ray.remote(NodeAgent)
+        for worker in range(request.workers):
+            bundle = request.bundle_of(worker)
+            agents.append(
+                actor.options(
+                    num_cpus=request.cpus_per_worker,
+                    num_gpus=request.gpus_per_worker,
+                    max_concurrency=MAX_CONCURRENT_CALLS,
+                    max_restarts=0,
+                    max_task_retries=0,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=bundle
+                    ),
+                ).remote()
+            )
+        try:
+            infos = wait_for(
+                [agent.describe.remote() for agent in agents], AGENT_START_SECONDS, interrupt
+            )
+        except TimeoutError:
+            raise PlacementError(
+                f"the workers' agents did not start within {AGENT_START_SECONDS:.0f} s on "
+                f"the nodes Ray chose ({sorted(set(placed.values()))}); nothing was started."
+            ) from None
+        except ray.exceptions.RayActorError as error:
+            raise PlacementError(_agent_failed(error)) from None
+    except BaseException:
+        _release_parts(group, agents)
+        raise
+    return WorkerPool(request, group, agents, infos)
+
+
+def wait_for(refs: list[Any], seconds: float, interrupt: Callable[[], bool] | None) -> list[Any]:
+    """The values of `refs` once all are ready; TimeoutError after `seconds`, and
+    KeyboardInterrupt as soon as `interrupt()` is true (looked at every 0.1 s)."""
+    ray = require_ray()
+    deadline = time.monotonic() + seconds
+    pending = list(refs)
+    while pending:
+        if interrupt is not None and interrupt():
+            raise KeyboardInterrupt("the run was stopped")
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError
+        _, pending = ray.wait(
+            pending, num_returns=len(pending), timeout=min(WAIT_SLICE_SECONDS, remaining)
+        )
+    return ray.get(refs)
+
+
+# -- keeping a pool warm between launches -----------------------------------------------
+
+_LOCK = threading.Lock()
+_IDLE: WorkerPool | None = None
+_TIMER: threading.Timer | None = None
+# Nodes lost by this kernel's runs: left out until Ray sees them gone.
+_LOST_NODES: set[str] = set()
+
+
+def take_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
+    """A pool for `request`: the warm one when it has the same shape and answers, else
+    a new one (the warm one is released first, to free what it holds)."""
+    idle = _take_idle()
+    if idle is not None:
+        if idle.request.shape == request.shape and idle.answers():
+            idle.request = request
+            return idle
+        idle.release()
+    return create_pool(request, interrupt)
+
+
+def return_pool(pool: WorkerPool, keep: bool) -> None:
+    """After a run: keep `pool` warm for its request's `keep_warm` seconds, or release
+    it now (`keep` false: it was stopped, or it lost a node)."""
+    global _IDLE, _TIMER
+    if not keep or pool.request.keep_warm <= 0:
+        pool.release()
+        return
+    timer = threading.Timer(pool.request.keep_warm, _release_if_idle, args=(pool,))
+    timer.daemon = True
+    with _LOCK:
+        previous, _IDLE = _IDLE, pool
+        _cancel_timer()
+        _TIMER = timer
+    if previous is not None and previous is not pool:
+        previous.release()
+    timer.start()
+
+
+def release_idle() -> bool:
+    """Release the warm pool now, if there is one; say whether there was."""
+    idle = _take_idle()
+    if idle is None:
+        return False
+    idle.release()
+    return True
+
+
+def node_lost(node_id: str) -> None:
+    """A run lost `node_id`: place later runs elsewhere until Ray sees it gone."""
+    with _LOCK:
+        _LOST_NODES.add(node_id)
+
+
+def _take_idle() -> WorkerPool | None:
+    global _IDLE
+    with _LOCK:
+        idle, _IDLE = _IDLE, None
+        _cancel_timer()
+    return idle
+
+
+def _cancel_timer() -> None:
+    global _TIMER
+    if _TIMER is not None:
+        _TIMER.cancel()
+        _TIMER = None
+
+
+def _release_if_idle(pool: WorkerPool) -> None:
+    """The keep-warm timer ran out (on the timer's thread: only Ray calls, no imports)."""
+    global _IDLE
+    with _LOCK:
+        if _IDLE is not pool:
+            return
+        _IDLE = None
+    pool.release()
+
+
+def _wait_until_lost_nodes_are_gone(interrupt: Callable[[], bool] | None) -> None:
+    deadline = time.monotonic() + NODE_GONE_SECONDS
+    while True:
+        with _LOCK:
+            if not _LOST_NODES:
+                return
+        alive = {node.node_id for node in alive_nodes()}
+        with _LOCK:
+            _LOST_NODES.intersection_update(alive)
+            if not _LOST_NODES or time.monotonic() >= deadline:
+                return
+        if interrupt is not None and interrupt():
+            raise KeyboardInterrupt("the run was stopped")
+        time.sleep(0.5)
+
+
+# -- plumbing ------------------------------------------------------------------------
+
+_FEWER = (
+    "Nothing was started. Ask for fewer workers (num_processes), fewer CPUs each "
+    "(cpus_per_worker), another placement_strategy, or add nodes."
+)
+
+
+def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
+    """Each rank's place, and which agent (by creation order) runs each rank."""
+    nodes: list[str] = []
+    for info in infos:
+        if info.node_id not in nodes:
+            nodes.append(info.node_id)
+    order = sorted(range(len(infos)), key=lambda i: (nodes.index(infos[i].node_id), i))
+    places: list[Place] = []
+    for rank, index in enumerate(order):
+        info = infos[index]
+        same_node = [i for i in order if infos[i].node_id == info.node_id]
+        first = order.index(same_node[0])
+        gpus = tuple(gpu for i in same_node for gpu in infos[i].gpu_ids)
+        places.append(
+            Place(
+                rank=rank,
+                node_index=nodes.index(info.node_id),
+                local_rank=rank - first,
+                local_world_size=len(same_node),
+                first_rank=first,
+                info=info,
+                node_gpu_ids=gpus,
+            )
+        )
+    return places, order
+
+
+def _agent_failed(error: BaseException) -> str:
+    text = str(error)
+    detail = next(
+        (line.strip() for line in reversed(text.splitlines()) if "Error" in line), text[:300]
+    )
+    return (
+        f"the workers' agents could not start on the cluster ({detail}). Every node needs "
+        "notebook_accel installed, with the torch this kernel uses (pip install "
+        "notebook_accel on each node, or in the cluster's image); nothing was started."
+    )
+
+
+def _releasers() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    ray = require_ray()
+    from ray.util.placement_group import remove_placement_group
+
+    return ray.kill, remove_placement_group
+
+
+def _release_parts(
+    group: Any,
+    agents: list[Any],
+    kill: Callable[..., Any] | None = None,
+    remove: Callable[..., Any] | None = None,
+) -> None:
+    """Kill the agents and remove the placement group; a part already gone is fine."""
+    if kill is None or remove is None:
+        kill, remove = _releasers()
+    for agent in agents:
+        with contextlib.suppress(Exception):  # a lost node's agent is gone already
+            kill(agent, no_restart=True)
+    with contextlib.suppress(Exception):
+        remove(group)
