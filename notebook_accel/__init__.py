@@ -26,6 +26,8 @@ _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
+    "PlacementError": "notebook_accel.launch.errors",
+    "release_cluster": "notebook_accel.launch.cluster",
     "LaunchSettings": "notebook_accel.config.settings",
     "LaunchConfig": "notebook_accel.launch.options",
     "detect_hardware": "notebook_accel.platforms",
@@ -93,7 +95,8 @@ if TYPE_CHECKING:
         TorchDynamoPlugin,
     )
     from notebook_accel.config.settings import LaunchSettings
-    from notebook_accel.launch.errors import WorkerError
+    from notebook_accel.launch.cluster import release_cluster
+    from notebook_accel.launch.errors import PlacementError, WorkerError
     from notebook_accel.launch.launcher import last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
     from notebook_accel.live import LiveWorkers, start_workers

@@ -21,6 +21,7 @@ import signal
 import sys
 import time
 import traceback
+import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import CodeType, TracebackType
@@ -77,6 +78,8 @@ class WorkerSpec:
     # The global rank of local rank 0 where nodes run different numbers of workers
     # (a cluster's); by default node_rank * local_world_size.
     first_rank: int | None = None
+    # Start from an empty `__main__` (a worker forked from a cluster's agent).
+    own_main: bool = False
     # The rank whose value comes back without return_all: by default this node's
     # first (each machine's launcher returns its own); on a cluster, rank 0.
     main_rank: int | None = None
@@ -118,6 +121,9 @@ def worker_main(
     # The launcher owns interrupts: a notebook's stop button signals the whole
     # process group, and the launcher then stops the workers itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A child keeps the forking thread's signal mask: a cluster's agent forks from one
+    # of Ray's threads, which block SIGINT and SIGTERM. The launcher's signals must land.
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
     # Lead a process group of its own: whatever this worker starts stays in it,
     # and the launcher (or its janitor) ends the group with the launch.
     os.setpgid(0, 0)
@@ -126,6 +132,10 @@ def worker_main(
         os.close(fd)
     _redirect_output(stdout_fd, stderr_fd)
     _set_environment(spec, local_rank)
+    if spec.own_main:
+        # The notebook's names (and a live worker's namespace) get a module of their own
+        # rather than the forking process's program (a cluster agent's is Ray's).
+        sys.modules["__main__"] = types.ModuleType("__main__")
 
     import torch
 

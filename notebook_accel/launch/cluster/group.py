@@ -142,6 +142,7 @@ class RayWorkerGroup(WorkerGroupBase):
             main_rank=0,
             environment=environment,
             start_method="fork",
+            own_main=True,
         )
 
     def _wait_started(

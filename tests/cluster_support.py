@@ -1,0 +1,150 @@
+"""A real Ray cluster on this machine for the cluster tests, kept on the loopback interface.
+
+`ray.cluster_utils.Cluster` starts a head node and more nodes as processes of
+this machine, each a raylet of its own with its own resources, as on
+separate machines; each node gets a directory of its own (NODE_DISK in its
+processes' environment) standing for its own disk. Ray would advertise the
+machine's network address; Ray's own setting for macOS and Windows keeps
+every node (and the processes they start) on 127.0.0.1, so every byte of the
+cluster's traffic stays on loopback (a test checks the connections). It must
+be set before Ray is imported.
+
+What a test left on the cluster (agents, placement groups, worker processes,
+CPUs held) is listed by `ours_still_running`; tests/launch/cluster/conftest.py
+checks after every test that nothing is.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+
+import psutil  # noqa: E402
+import ray  # noqa: E402
+from ray.cluster_utils import Cluster  # noqa: E402
+
+from notebook_accel import release_cluster  # noqa: E402
+
+# Small nodes, as the machines of a real cluster would be for these tiny models.
+NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
+# A lost node is noticed in about two seconds (Ray's default takes about fifteen).
+FAST_HEALTH_CHECKS = {
+    "health_check_period_ms": 500,
+    "health_check_timeout_ms": 1000,
+    "health_check_failure_threshold": 3,
+}
+# How long a test's agents and placement group get to go once it ends.
+GONE_SECONDS = 5.0
+
+
+@dataclass
+class LocalCluster:
+    """The running test cluster: its nodes and the directory standing for each one's disk."""
+
+    cluster: Cluster
+    directory: Path
+    disks: dict[str, Path] = field(default_factory=dict)  # node id -> its disk
+
+    @property
+    def address(self) -> str:
+        return self.cluster.address
+
+    @property
+    def head_disk(self) -> Path:
+        return self.disks[self.cluster.head_node.node_id]
+
+    def add_node(self, **args) -> ray._private.node.Node:
+        """Another node of 1 CPU, with a disk of its own."""
+        disk = self.directory / f"node{len(self.disks)}"
+        disk.mkdir()
+        node = self.cluster.add_node(**{**NODE_ARGS, **args, "env_vars": {"NODE_DISK": str(disk)}})
+        self.disks[node.node_id] = disk
+        return node
+
+    def remove_node(self, node) -> None:
+        """Kill the node's raylet and processes at once, as a machine that dies."""
+        self.cluster.remove_node(node, allow_graceful=False)
+
+    def node_holding(self, disk: str):
+        """The node whose disk is `disk` (what a worker's NODE_DISK says)."""
+        for node in self.cluster.worker_nodes:
+            if str(self.disks.get(node.node_id)) == disk:
+                return node
+        raise LookupError(f"no worker node has the disk {disk}")
+
+    def process_ids(self) -> set[int]:
+        """Every process of the cluster: its nodes' processes and what they started."""
+        found: set[int] = set()
+        for node in [self.cluster.head_node, *self.cluster.worker_nodes]:
+            if node is None:
+                continue
+            for infos in node.all_processes.values():
+                for info in infos:
+                    found.add(info.process.pid)
+                    try:
+                        found.update(c.pid for c in psutil.Process(info.process.pid).children(True))
+                    except psutil.Error:
+                        pass
+        return found
+
+
+def start_cluster(
+    directory: Path, nodes: int = 2, fast_health_checks: bool = False
+) -> LocalCluster:
+    """A head and `nodes - 1` more nodes of 1 CPU each; this process connects as a driver."""
+    head_disk = directory / "node0"
+    head_disk.mkdir(parents=True)
+    head_args = {**NODE_ARGS, "env_vars": {"NODE_DISK": str(head_disk)}}
+    if fast_health_checks:
+        head_args["_system_config"] = FAST_HEALTH_CHECKS
+    cluster = Cluster(initialize_head=True, head_node_args=head_args)
+    local = LocalCluster(cluster, directory, {cluster.head_node.node_id: head_disk})
+    for _ in range(nodes - 1):
+        local.add_node()
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, log_to_driver=False)
+    return local
+
+
+def stop_cluster(local: LocalCluster) -> None:
+    release_cluster()
+    ray.shutdown()
+    local.cluster.shutdown()
+
+
+def ours_still_running(local: LocalCluster) -> list[str]:
+    """What a test left on the cluster: live agents, placement groups, worker processes."""
+    from ray.util.state import list_actors, list_placement_groups
+
+    left = [
+        f"agent {actor.actor_id[:8]} ({actor.state})"
+        for actor in list_actors(filters=[("class_name", "=", "NodeAgent")])
+        if actor.state != "DEAD"
+    ]
+    left += [
+        f"placement group {group.placement_group_id[:8]} ({group.state})"
+        for group in list_placement_groups()
+        if group.state != "REMOVED"
+    ]
+    for pid in local.process_ids():
+        try:
+            if "NodeAgent" in " ".join(psutil.Process(pid).cmdline()):
+                left.append(f"process {pid} of an agent")
+        except psutil.Error:
+            continue
+    free, total = ray.available_resources(), ray.cluster_resources()
+    if free.get("CPU") != total.get("CPU"):
+        left.append(f"{total.get('CPU', 0) - free.get('CPU', 0):g} CPUs held")
+    return left
+
+
+def wait_until_nothing_is_left(local: LocalCluster, seconds: float = GONE_SECONDS) -> list[str]:
+    """What is still left after `seconds` (an empty list as soon as nothing is)."""
+    deadline = time.monotonic() + seconds
+    while (left := ours_still_running(local)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left

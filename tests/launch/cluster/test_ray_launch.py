@@ -1,0 +1,332 @@
+"""notebook_launcher on a real Ray cluster of two nodes: the same run, result and errors as on
+one machine, output and metrics back in the kernel, stops that free everything, warm relaunches."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import ray
+import torch
+
+from cluster_support import wait_until_nothing_is_left
+from notebook_accel import PlacementError, WorkerError, last_run, notebook_launcher
+from notebook_accel.reporting.events import OutputLine
+from notebook_accel.reporting.observers import RunObserver
+
+ON_TWO_NODES = {"num_processes": 2, "cluster": "ray", "placement_strategy": "STRICT_SPREAD"}
+
+
+def train(epochs: int):
+    """A small model with dropout, a shuffled loader, SGD: what a notebook trains."""
+    from notebook_accel import Accelerator, set_seed
+
+    set_seed(0)
+    accelerator = Accelerator()
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(64, 8, generator=generator), torch.randn(64, 1, generator=generator)
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1)
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    losses = []
+    for epoch in range(epochs):
+        for step, (inputs, targets) in enumerate(loader):
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+            accelerator.log({"loss": loss.item()}, step=epoch * len(loader) + step)
+        print(f"epoch {epoch} on rank {accelerator.process_index}")
+    return {
+        "weights": accelerator.unwrap_model(model).state_dict(),
+        "losses": losses,
+        "disk": os.environ.get("NODE_DISK"),
+        "precision": accelerator.mixed_precision,
+        "agent": os.getppid(),
+    }
+
+
+def test_two_nodes_train_exactly_as_two_local_workers(ray_cluster):
+    on_cluster = notebook_launcher(train, (2,), return_all=True, live=False, **ON_TWO_NODES)
+    local = notebook_launcher(train, (2,), num_processes=2, return_all=True, live=False)
+    assert {value["disk"] for value in on_cluster} == {str(d) for d in ray_cluster.disks.values()}
+    for remote, here in zip(on_cluster, local, strict=True):
+        assert remote["losses"] == here["losses"]
+        for name, tensor in here["weights"].items():
+            assert torch.equal(remote["weights"][name], tensor), name
+    report = last_run()  # of the local run; the cluster's came first
+    assert report.world_size == 2
+
+
+class Lines(RunObserver):
+    def __init__(self) -> None:
+        self.lines: list[tuple[int, str]] = []
+
+    def on_event(self, event, report) -> None:
+        if isinstance(event, OutputLine):
+            self.lines.append((event.rank, event.line))
+
+
+def chatty(count: int):
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    for index in range(count):
+        print(f"line {index} of rank {accelerator.process_index}", flush=index % 7 == 0)
+        accelerator.log({"index": float(index)}, step=index)
+    return accelerator.process_index * 10
+
+
+def test_output_metrics_and_every_rank_s_value_come_back(ray_cluster, capsys):
+    lines = Lines()
+    values = notebook_launcher(chatty, (50,), return_all=True, observers=[lines], **ON_TWO_NODES)
+    assert values == [0, 10]
+    for rank in (0, 1):
+        assert [line for r, line in lines.lines if r == rank] == [
+            f"line {index} of rank {rank}\n" for index in range(50)
+        ]
+    printed = capsys.readouterr().out
+    assert "[rank 1] line 49 of rank 1\n" in printed
+    assert "line 0 of rank 0\n" in printed
+    assert "pid=" not in printed and "NodeAgent" not in printed  # no prefixes of Ray's
+    report = last_run()
+    assert report.status == "finished"
+    assert [record.values["index"] for record in report.metrics] == [float(i) for i in range(50)]
+    assert notebook_launcher(chatty, (1,), live=False, **ON_TWO_NODES) == 0  # rank 0's only
+
+
+def fails_on_rank_one():
+    import torch.distributed as dist
+
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    if accelerator.process_index == 1:
+        raise ValueError("a bad batch on rank 1")  # the line the error must show
+    dist.barrier()
+
+
+def test_an_error_names_the_rank_its_node_and_the_line(ray_cluster):
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(fails_on_rank_one, live=False, **ON_TWO_NODES)
+    error = raised.value
+    assert error.rank == 1
+    assert str(error).startswith("worker rank 1 on node 127.0.0.1 (")
+    assert "raised ValueError: a bad batch on rank 1" in str(error)
+    assert 'raise ValueError("a bad batch on rank 1")  # the line the error must show' in str(error)
+    assert f'File "{__file__}"' in error.traceback
+    # The agents were not at fault: they stay warm, and the next launch uses them.
+    assert notebook_launcher(chatty, (1,), live=False, **ON_TWO_NODES) == 0
+
+
+def steps_forever(seconds_each: float):
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    total = torch.zeros(1)
+    step = 0
+    while True:
+        total += accelerator.reduce(torch.ones(1))
+        print(f"step {step}", flush=True)
+        step += 1
+        time.sleep(seconds_each)
+
+
+class PressStopAt(RunObserver):
+    """Presses the notebook's stop button (SIGINT to this process) when a line appears."""
+
+    def __init__(self, line: str) -> None:
+        self.line = line
+        self.pressed_at: float | None = None
+
+    def on_event(self, event, report) -> None:
+        if isinstance(event, OutputLine) and event.line == self.line and self.pressed_at is None:
+            self.pressed_at = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_stop_mid_step_frees_every_agent_group_and_cpu_within_five_seconds(ray_cluster):
+    handler = signal.getsignal(signal.SIGINT)
+    stop = PressStopAt("step 3\n")
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(steps_forever, (0.05,), observers=[stop], live=False, **ON_TWO_NODES)
+    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
+    assert time.monotonic() - stop.pressed_at < 5.0
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert last_run().status == "stopped"
+    assert notebook_launcher(chatty, (1,), live=False, **ON_TWO_NODES) == 0
+
+
+def test_timeout_stops_the_run_and_frees_the_cluster(ray_cluster):
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="did not finish within timeout=4.0 s"):
+        notebook_launcher(steps_forever, (0.1,), timeout=4, live=False, **ON_TWO_NODES)
+    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
+    assert time.monotonic() - started < 4 + 5 + 5  # the first start, the run, the stop
+
+
+def test_a_relaunch_reuses_the_warm_agents_and_a_run_can_release_them(ray_cluster):
+    first = notebook_launcher(train, (1,), return_all=True, live=False, **ON_TWO_NODES)
+    again = notebook_launcher(train, (1,), return_all=True, live=False, **ON_TWO_NODES)
+    assert [v["agent"] for v in again] == [v["agent"] for v in first]
+    # Another shape cannot reuse them: they are released and new ones made.
+    other = notebook_launcher(train, (1,), live=False, cluster="ray", num_processes=1)
+    assert other["agent"] not in {v["agent"] for v in first}
+
+
+def test_warm_agents_are_released_after_keep_warm(ray_cluster):
+    notebook_launcher(chatty, (1,), keep_warm=1, live=False, **ON_TWO_NODES)
+    assert wait_until_nothing_is_left(ray_cluster, seconds=4.0) == []
+
+
+def fails_first(seconds: float):
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    if attempt == 0 and accelerator.process_index == 1:
+        raise RuntimeError("the first attempt fails")
+    return (attempt, os.getppid())
+
+
+def test_max_restarts_starts_every_worker_again_on_the_same_agents(ray_cluster):
+    attempt, agent = notebook_launcher(
+        fails_first, (0,), max_restarts=1, live=False, **ON_TWO_NODES
+    )
+    assert attempt == 1
+    assert last_run().restarts == 1
+    assert psutil.pid_exists(agent)
+
+
+def test_mixed_precision_and_accumulation_come_from_the_launch(ray_cluster):
+    value = notebook_launcher(train, (1,), mixed_precision="bf16", live=False, **ON_TWO_NODES)
+    assert value["precision"] == "bf16"
+
+
+def test_every_connection_of_the_cluster_stays_on_loopback(ray_cluster):
+    notebook_launcher(train, (1,), live=False, keep_warm=30, **ON_TWO_NODES)
+    pids = ray_cluster.process_ids() | {os.getpid()}
+    outside = []
+    for pid in pids:
+        try:
+            connections = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.Error:
+            continue
+        for connection in connections:
+            for end in (connection.laddr, connection.raddr):
+                if end and not _loopback_or_any(end.ip):
+                    outside.append((pid, connection))
+    assert outside == []
+
+
+def _loopback_or_any(address: str) -> bool:
+    ip = ipaddress.ip_address(address.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
+
+
+# -- bad input: a clear error, nothing started --------------------------------------------
+
+
+def test_more_workers_than_the_cluster_has_is_refused_at_once(ray_cluster):
+    started = time.monotonic()
+    with pytest.raises(PlacementError) as raised:
+        notebook_launcher(chatty, (1,), num_processes=3, cluster="ray", live=False)
+    assert time.monotonic() - started < 5  # Ray would wait forever for the group
+    assert "it asks for 3 workers of 1 CPU each" in str(raised.value)
+    assert "the cluster has 2 CPUs in all, on 2 nodes: node 127.0.0.1 (" in str(raised.value)
+    assert "Nothing was started" in str(raised.value)
+    with pytest.raises(PlacementError, match="all on one node"):
+        notebook_launcher(
+            chatty, (1,), num_processes=2, cluster="ray", placement_strategy="STRICT_PACK"
+        )
+    with pytest.raises(PlacementError, match="backend='cuda' needs GPUs"):
+        notebook_launcher(chatty, (1,), cluster="ray", backend="cuda")
+
+
+def test_what_cannot_travel_to_the_nodes_is_refused_before_anything_starts(ray_cluster):
+    with pytest.raises(TypeError, match="cannot be pickled") as raised:
+        notebook_launcher(chatty, (threading.Lock(),), cluster="ray", live=False)
+    assert "lock" in str(raised.value)
+
+
+def test_another_address_than_the_connected_cluster_s_is_refused(ray_cluster):
+    elsewhere = "127.0.0.1:1"
+    with pytest.raises(ConnectionError, match="this kernel is connected to the Ray cluster at"):
+        notebook_launcher(chatty, (1,), cluster="ray", ray_address=elsewhere, live=False)
+
+
+def test_the_kernel_s_connection_is_used_as_it_is(ray_cluster):
+    assert ray.is_initialized()
+    assert notebook_launcher(chatty, (1,), cluster="ray", ray_address="auto", live=False) == 0
+
+
+# -- checkpoints on each node's own disk ----------------------------------------------------
+
+
+def train_and_save(project_name: str, stop_at: int | None = None):
+    """6 steps per epoch, 2 epochs, resuming from the newest checkpoint of the project;
+    each rank's project lives on its own node's disk (nothing is shared)."""
+    from notebook_accel import (
+        Accelerator,
+        DataLoaderConfiguration,
+        ProjectConfiguration,
+        latest_checkpoint,
+        set_seed,
+    )
+
+    project = os.path.join(os.environ["NODE_DISK"], project_name)
+    set_seed(0, device_specific=True)
+    accelerator = Accelerator(
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True),
+    )
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(48, 4, generator=generator), torch.randn(48, 1, generator=generator)
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(4, 16), torch.nn.Dropout(0.3), torch.nn.Tanh(), torch.nn.Linear(16, 1)
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if latest_checkpoint(project):
+        accelerator.load_state()  # mid-epoch: the loader goes on from the saved batch
+    steps = 0
+    for _epoch in range(loader.epoch, 2):
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            steps += 1
+            if steps == stop_at:
+                accelerator.save_state()
+                return sorted(os.listdir(os.path.join(project, "checkpoints", "checkpoint_0")))
+    return [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
+
+
+def test_checkpoints_on_each_node_s_own_disk_resume_bit_for_bit(ray_cluster):
+    reference = notebook_launcher(train_and_save, ("uninterrupted",), live=False, **ON_TWO_NODES)
+    files = notebook_launcher(
+        train_and_save, ("resumed", 9), return_all=True, live=False, **ON_TWO_NODES
+    )
+    assert "random_states_0.pkl" in files[0] and "random_states_1.pkl" not in files[0]
+    assert "random_states_1.pkl" in files[1] and "random_states_0.pkl" not in files[1]
+    assert "model.safetensors" in files[0]  # the shared files: on the main process's disk
+    resumed = notebook_launcher(train_and_save, ("resumed",), live=False, **ON_TWO_NODES)
+    for mine, theirs in zip(resumed, reference, strict=True):
+        assert torch.equal(mine, theirs), (mine - theirs).abs().max().item()

@@ -1,0 +1,172 @@
+"""A node of the cluster lost in the middle of a run (its raylet and processes killed, as a
+machine that dies): the run fails naming the node and its rank, or with max_restarts goes on
+on the nodes left, from the last checkpoint."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from cluster_support import start_cluster, stop_cluster
+from notebook_accel import WorkerError, last_run, notebook_launcher
+from notebook_accel.reporting.events import OutputLine
+from notebook_accel.reporting.observers import RunObserver
+
+ON_TWO_NODES = {"num_processes": 2, "cluster": "ray", "placement_strategy": "STRICT_SPREAD"}
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(tmp_path_factory):
+    """Its own cluster (nodes come and go here), noticing a lost node within seconds."""
+    local = start_cluster(tmp_path_factory.mktemp("cluster"), fast_health_checks=True)
+    try:
+        yield local
+    finally:
+        stop_cluster(local)
+
+
+class LoseNodeOf(RunObserver):
+    """When a rank says which disk it has, kill that rank's node (not the head node)."""
+
+    def __init__(self, cluster, rank: int | None = None) -> None:
+        self.cluster, self.rank = cluster, rank
+        self.lost_rank: int | None = None
+        self.lost_at: float | None = None
+        self.node = None
+
+    def on_event(self, event, report) -> None:
+        if not isinstance(event, OutputLine) or not event.line.startswith("on disk "):
+            return
+        disk = event.line.removeprefix("on disk ").strip()
+        if self.lost_rank is not None or disk == str(self.cluster.head_disk):
+            return
+        if self.rank is not None and event.rank != self.rank:
+            return
+        self.lost_rank, self.node = event.rank, self.cluster.node_holding(disk)
+        threading.Thread(target=self._lose, daemon=True).start()
+
+    def _lose(self) -> None:
+        time.sleep(0.5)  # a few steps into the run
+        self.lost_at = time.monotonic()
+        self.cluster.remove_node(self.node)
+
+
+def steps_forever():
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    print(f"on disk {os.environ['NODE_DISK']}", flush=True)
+    while True:
+        accelerator.reduce(torch.ones(1))
+        time.sleep(0.02)
+
+
+def test_a_lost_node_fails_the_run_naming_the_node_and_its_rank(ray_cluster):
+    lose = LoseNodeOf(ray_cluster)
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(steps_forever, observers=[lose], live=False, **ON_TWO_NODES)
+    noticed = time.monotonic() - lose.lost_at
+    assert noticed < 30
+    cause = raised.value.failures[0]
+    assert cause.rank == lose.lost_rank
+    assert cause.lost.startswith("its node")
+    assert cause.where == f"node 127.0.0.1 ({lose.node.node_id[:8]})"
+    assert str(raised.value).startswith(
+        f"worker rank {lose.lost_rank} on node 127.0.0.1 ({lose.node.node_id[:8]}) was lost"
+    )
+    assert "the other workers were stopped" in str(raised.value)
+    assert last_run().status == "failed"
+
+
+class StepCounter:
+    """Steps done, saved with the checkpoint (register_for_checkpointing)."""
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = state["steps"]
+
+
+def train_saving_each_step(shared: str, steps_total: int):
+    """Saves a checkpoint after every step into a directory every node sees (a cluster's
+    shared file system), resumes from the newest, and says where it runs."""
+    from notebook_accel import (
+        Accelerator,
+        DataLoaderConfiguration,
+        ProjectConfiguration,
+        latest_checkpoint,
+        set_seed,
+    )
+
+    set_seed(0, device_specific=True)
+    accelerator = Accelerator(
+        dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
+        project_config=ProjectConfiguration(
+            project_dir=shared, automatic_checkpoint_naming=True, total_limit=2
+        ),
+    )
+    generator = torch.Generator().manual_seed(1)
+    data = torch.utils.data.TensorDataset(
+        torch.randn(96, 4, generator=generator), torch.randn(96, 1, generator=generator)
+    )
+    loader = torch.utils.data.DataLoader(data, batch_size=4, shuffle=True)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    done = StepCounter()
+    accelerator.register_for_checkpointing(done)
+    resumed_at = None
+    if latest_checkpoint(shared):
+        accelerator.load_state()  # the step count, and the loader mid-epoch
+        resumed_at = done.steps
+    print(f"on disk {os.environ['NODE_DISK']}", flush=True)
+    while done.steps < steps_total:
+        for inputs, targets in loader:
+            loss = torch.nn.functional.mse_loss(model(inputs), targets)
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            done.steps += 1
+            accelerator.save_state()
+            time.sleep(0.1)
+            if done.steps == steps_total:
+                break
+    weights = [p.detach().clone() for p in accelerator.unwrap_model(model).parameters()]
+    return {"weights": weights, "resumed_at": resumed_at, "disk": os.environ["NODE_DISK"]}
+
+
+def test_with_max_restarts_the_run_goes_on_on_the_nodes_left_from_the_last_checkpoint(
+    ray_cluster, tmp_path
+):
+    # Two fresh nodes besides the head: the run uses two of the three, then loses one.
+    spare = [ray_cluster.add_node(), ray_cluster.add_node()]
+    try:
+        reference = notebook_launcher(
+            train_saving_each_step, (str(tmp_path / "reference"), 30), live=False, **ON_TWO_NODES
+        )
+        lose = LoseNodeOf(ray_cluster, rank=1)
+        result = notebook_launcher(
+            train_saving_each_step,
+            (str(tmp_path / "restarted"), 30),
+            max_restarts=1,
+            observers=[lose],
+            live=False,
+            **ON_TWO_NODES,
+        )
+    finally:
+        for node in spare:
+            if node in ray_cluster.cluster.worker_nodes:
+                ray_cluster.remove_node(node)
+    assert last_run().restarts == 1
+    assert lose.lost_at is not None
+    assert 0 < result["resumed_at"] < 30
+    for mine, theirs in zip(result["weights"], reference["weights"], strict=True):
+        assert torch.equal(mine, theirs), (mine - theirs).abs().max().item()

@@ -1,0 +1,127 @@
+"""What a launch asks of a Ray cluster, checked without one: bundles, fit, ranks, options."""
+
+from __future__ import annotations
+
+import pytest
+
+from notebook_accel import notebook_launcher
+from notebook_accel.launch.cluster.agent import AgentInfo
+from notebook_accel.launch.cluster.pool import _places
+from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
+
+
+def nodes(*cpus_and_gpus: tuple[float, float]) -> list[NodeResources]:
+    return [
+        NodeResources(f"{index:02d}" + "a" * 54, f"10.0.0.{index}", cpus, gpus)
+        for index, (cpus, gpus) in enumerate(cpus_and_gpus)
+    ]
+
+
+def request(**fields) -> ClusterRequest:
+    defaults = {"address": None, "workers": 2, "gpus_per_worker": 0, "cpus_per_worker": 1.0}
+    return ClusterRequest(**{**defaults, **fields})
+
+
+def test_one_bundle_per_worker_or_per_node():
+    assert request(workers=3).bundles() == [{"CPU": 1.0}] * 3
+    per_node = request(workers=4, gpus_per_worker=1, workers_per_node=2, cpus_per_worker=2)
+    assert per_node.bundles() == [{"CPU": 4.0, "GPU": 2.0}] * 2
+    assert per_node.placement_strategy == "STRICT_SPREAD"
+    assert [per_node.bundle_of(worker) for worker in range(4)] == [0, 0, 1, 1]
+
+
+@pytest.mark.parametrize(
+    ("strategy", "cluster", "fits"),
+    [
+        ("PACK", [(1, 0), (1, 0)], True),
+        ("SPREAD", [(2, 0)], True),
+        ("STRICT_PACK", [(1, 0), (1, 0)], False),
+        ("STRICT_PACK", [(2, 0), (1, 0)], True),
+        ("STRICT_SPREAD", [(4, 0)], False),
+        ("STRICT_SPREAD", [(1, 0), (1, 0)], True),
+        ("PACK", [(1, 0)], False),
+    ],
+)
+def test_whether_the_nodes_can_ever_hold_the_workers(strategy, cluster, fits):
+    assert (unmet(request(strategy=strategy), nodes(*cluster)) is None) is fits
+
+
+def test_gpus_are_counted_per_node():
+    two_gpus = request(workers=2, gpus_per_worker=1)
+    assert unmet(two_gpus, nodes((8, 1), (8, 1))) is None
+    why = unmet(request(workers=3, gpus_per_worker=1), nodes((8, 1), (8, 1)))
+    assert why == (
+        "it asks for 3 workers of 1 GPU and 1 CPU each, packed onto as few nodes as "
+        "possible, but the cluster has 2 GPUs in all, on 2 nodes: node 10.0.0.0 (00aaaaaa) "
+        "1 GPU, node 10.0.0.1 (01aaaaaa) 1 GPU"
+    )
+
+
+def test_what_the_cluster_lacks_is_said_in_full():
+    why = unmet(request(workers=3), nodes((1, 0), (1, 0)))
+    assert why == (
+        "it asks for 3 workers of 1 CPU each, packed onto as few nodes as possible, but the "
+        "cluster has 2 CPUs in all, on 2 nodes: node 10.0.0.0 (00aaaaaa) 1 CPU, "
+        "node 10.0.0.1 (01aaaaaa) 1 CPU"
+    )
+    per_node = unmet(request(workers=4, workers_per_node=2), nodes((2, 0), (1, 0)))
+    assert per_node.startswith("it asks for 4 workers of 1 CPU each, 2 on each of 2 nodes")
+
+
+def info(node: str, gpus: tuple[str, ...] = ()) -> AgentInfo:
+    return AgentInfo(node_id=node * 8, address="10.0.0.1", pid=1, gpu_ids=gpus)
+
+
+def test_ranks_follow_the_nodes_and_the_first_bundle_s_node_leads():
+    # Agents in creation order (bundle order): Ray spread them over two nodes unevenly.
+    agents = [info("b", ("3",)), info("a", ("0",)), info("b", ("5",)), info("a", ("1",))]
+    places, order = _places(agents)
+    assert order == [0, 2, 1, 3]  # node b (bundle 0's) first, each node's ranks together
+    assert [(p.rank, p.node_index, p.local_rank, p.local_world_size) for p in places] == [
+        (0, 0, 0, 2),
+        (1, 0, 1, 2),
+        (2, 1, 0, 2),
+        (3, 1, 1, 2),
+    ]
+    assert [p.first_rank for p in places] == [0, 0, 2, 2]
+    # cuda:LOCAL_RANK is each rank's own GPU among its node's.
+    assert [p.node_gpu_ids for p in places] == [("3", "5"), ("3", "5"), ("0", "1"), ("0", "1")]
+
+
+def returns_one():
+    return 1
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (
+            {"ray_address": "auto"},
+            "ray_address is for workers on a Ray cluster: pass cluster='ray' too",
+        ),
+        (
+            {"keep_warm": 0, "workers_per_node": 2},
+            "workers_per_node, keep_warm are for workers on a Ray cluster",
+        ),
+        (
+            {"cluster": "ray", "num_nodes": 2},
+            "num_nodes chooses machines, ports or devices by hand; with cluster='ray', Ray "
+            "places the workers",
+        ),
+        (
+            {"cluster": "ray", "backend": "xla"},
+            "backend='xla' runs on this machine's TPU only",
+        ),
+        (
+            {"cluster": "ray", "workers_per_node": 1, "placement_strategy": "SPREAD"},
+            "leave placement_strategy unset",
+        ),
+        ({"cluster": "ray", "ray_address": "head"}, "ray_address='head' must be 'auto'"),
+        ({"cluster": "ray", "cpus_per_worker": 0}, "cpus_per_worker=0 must be a positive"),
+        ({"cluster": "cloud"}, "cluster='cloud' must be one of local, ray"),
+    ],
+)
+def test_options_that_do_not_go_together_are_refused_before_anything_starts(options, message):
+    with pytest.raises((ValueError, TypeError)) as raised:
+        notebook_launcher(returns_one, live=False, **options)
+    assert message in str(raised.value)
