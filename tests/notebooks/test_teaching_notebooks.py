@@ -103,6 +103,18 @@ EXPECTED_WITHOUT_GPUS = {
         "same predictions as the trained model: True",
         "step time on cpu x 2:",
     ],
+    "10_cluster.ipynb": [
+        "[rank 1] epoch 3: loss",
+        "a Ray cluster of this machine alone: 1 node(s), 2 CPUs, 0 GPUs",
+        "trained on 2 workers: loss",
+        "the relaunch forked its workers from the same agents: True",
+        "the same result: True",
+        "worker rank 1 on node 127.0.0.1 (",
+        "raised ValueError: rank 1 found a bad batch; the other workers were stopped.",
+        "live workers on the cluster: ranks [0, 1]",
+        "the model is still there: 5 parameters",
+        "released the warm workers: True",
+    ],
 }
 
 # Notebooks whose launch shows widgets (the live view, the panel), not only text.

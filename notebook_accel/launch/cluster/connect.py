@@ -107,7 +107,9 @@ def _start_local(ray: Any) -> None:
     constants = sys.modules.get("ray._private.ray_constants")
     if constants is not None and os.environ[LOOPBACK_SETTING] == "0":
         constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the setting
-    ray.init(include_dashboard=False, log_to_driver=False, logging_level="warning")
+    # At least 2 CPUs: a launch's default is 2 CPU workers, on one core too (they share it).
+    cpus = max(2, os.cpu_count() or 1)
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="warning")
 
 
 def _check_reachable(address: str) -> None:

@@ -90,7 +90,8 @@ class RayWorkerGroup(WorkerGroupBase):
         self._polls: dict[Any, _Worker] = {}
         self._pipes: dict[tuple[int, str], _Pipe] = {}
         self._agents: dict[int, Any] = {}
-        self._imported: dict[int, list[tuple[str, str | None]]] = {}
+        # The modules each agent was told to import.
+        self._imported: dict[int, set[str]] = {}
         self._stopped = False
 
     @property
@@ -215,9 +216,21 @@ class RayWorkerGroup(WorkerGroupBase):
                 self.emit(item)
 
     def _on_event(self, worker: _Worker, event: RunEvent) -> None:
-        if isinstance(event, ModulesImported):  # for the agent to import after the run
-            self._imported.setdefault(worker.rank, []).extend(event.modules)
+        if isinstance(event, ModulesImported):
+            self._warm_agents(event.modules)
         super()._on_event(worker, event)
+
+    def _warm_agents(self, modules: tuple[tuple[str, str | None], ...]) -> None:
+        """Have every agent import what a worker had to import itself, while the workers
+        train (as the kernel does for its own workers: launch/warm.py), so that the next
+        launch's workers start with it. A worker of each node reports at its milestones;
+        its peers import the same, so every agent is told."""
+        for rank, agent in self._agents.items():
+            sent = self._imported.setdefault(rank, set())
+            new = [module for module in modules if module[0] not in sent]
+            if new:
+                sent.update(name for name, _ in new)
+                agent.warm.remote(new)
 
     def _flush(self, worker: _Worker) -> None:
         for stream in ("stdout", "stderr"):
@@ -310,11 +323,6 @@ class RayWorkerGroup(WorkerGroupBase):
                     self._flush(worker)
             self._polls.clear()
 
-    def warm_agents(self) -> None:
-        """Have each agent import what its worker had to import (for the next run)."""
-        for rank, modules in self._imported.items():
-            self._agents[rank].warm.remote(modules)
-
     def _worker(self, rank: int) -> _Worker | None:
         return next((worker for worker in self.workers if worker.rank == rank), None)
 
@@ -350,10 +358,7 @@ def open_cluster_group(
         raise
     finally:
         group.stop()
-        keep = keep and not group.lost_any
-        if keep:
-            group.warm_agents()
-        return_pool(pool, keep)
+        return_pool(pool, keep and not group.lost_any)
 
 
 def _channel_reader(rank: int) -> Any:
