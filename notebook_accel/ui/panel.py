@@ -33,6 +33,9 @@ class PanelChoices:
     mixed_precision: str = "no"
     gradient_accumulation_steps: int = 1
     fsdp: dict | None = None  # FSDP plugin fields; None: no sharding
+    # "local" (this machine's devices) or "ray" (a Ray cluster, at `ray_address` when given).
+    cluster: str = "local"
+    ray_address: str = ""
     # A loaded file's other settings (restarts, timeout, port, nodes), kept as they were.
     loaded: LaunchConfig = field(default_factory=LaunchConfig)
 
@@ -47,16 +50,26 @@ class PanelChoices:
     def platform(self):
         return PLATFORMS[self.backend]
 
+    @property
+    def on_cluster(self) -> bool:
+        """Whether the workers run on a Ray cluster, whose nodes decide their devices."""
+        return self.cluster == "ray"
+
     def backends(self) -> list[str]:
         return offered_platforms(self.hardware)
 
     def processes(self) -> int:
         """Workers the launch will start: one per chosen GPU, every TPU core, or as asked."""
+        if self.on_cluster:
+            return self.num_processes
         return self.platform.processes_for(self.hardware, self.gpus, self.num_processes)
 
     def precision_problems(self) -> dict[str, str | None]:
-        """Each precision, with why it cannot run here (None when it can)."""
+        """Each precision, with why it cannot run here (None when it can; on a cluster the
+        launch checks it against the cluster's nodes)."""
         choices = OPTIONS["mixed_precision"].choices or ()
+        if self.on_cluster:
+            return dict.fromkeys(choices)
         return {name: self.platform.precision_problem(name, self.hardware) for name in choices}
 
     def problem(self) -> str | None:
@@ -69,8 +82,22 @@ class PanelChoices:
         return None
 
     def to_config(self) -> LaunchConfig:
+        if self.on_cluster:  # the cluster's nodes decide the backend: GPUs where it has them
+            return dataclasses.replace(
+                self.loaded,
+                cluster="ray",
+                ray_address=self.ray_address.strip() or None,
+                backend=None,
+                num_processes=self.processes(),
+                devices=None,
+                mixed_precision=self.mixed_precision,
+                gradient_accumulation_steps=self.gradient_accumulation_steps,
+                fsdp=self.fsdp,
+            )
         return dataclasses.replace(
             self.loaded,
+            cluster="local",
+            ray_address=None,
             backend=self.backend,
             num_processes=self.processes(),
             devices=list(self.gpus) if self.platform.chooses_devices else None,
@@ -81,6 +108,15 @@ class PanelChoices:
 
     def apply(self, config: LaunchConfig) -> None:
         """Take a loaded configuration's choices; raise ValueError if this machine can't."""
+        if config.cluster == "ray":
+            self.cluster, self.ray_address = "ray", config.ray_address or ""
+            self.num_processes = config.num_processes or self.num_processes
+            self.mixed_precision = config.mixed_precision
+            self.gradient_accumulation_steps = config.gradient_accumulation_steps
+            self.fsdp = config.fsdp
+            self.loaded = config
+            return
+        self.cluster, self.ray_address = "local", ""
         backend = config.backend or self.backend
         if backend not in self.backends():
             raise ValueError(
@@ -171,6 +207,22 @@ class LaunchPanel:
 
         hw = self.choices.hardware
         self.hardware_view = w.HTML(hardware_summary(hw))
+        self.where = w.Dropdown(
+            options=[("this machine", "local"), ("a Ray cluster", "ray")],
+            value=self.choices.cluster,
+            description="Run on",
+            tooltip=OPTIONS["cluster"].help,
+            layout=w.Layout(width="220px"),
+        )
+        self.where.add_class("notebook-accel-cluster")
+        self.ray_address = w.Text(
+            value=self.choices.ray_address,
+            placeholder="auto, host:6379, ray://host:10001 (empty: the kernel's Ray or a new one)",
+            description="Address",
+            tooltip=OPTIONS["ray_address"].help,
+            layout=w.Layout(width="480px"),
+        )
+        self.ray_address.add_class("notebook-accel-ray-address")
         # Each field's bounds and tooltip come from the launch option it sets.
         self.backend = w.Dropdown(
             options=self.choices.backends(),
@@ -241,6 +293,8 @@ class LaunchPanel:
         self.outcome = w.HTML()
         self.outcome.add_class("notebook-accel-result")
 
+        self.where.observe(self._on_choice, names="value")
+        self.ray_address.observe(self._on_choice, names="value")
         self.backend.observe(self._on_choice, names="value")
         self.processes.observe(self._on_choice, names="value")
         self.accumulation.observe(self._on_choice, names="value")
@@ -256,6 +310,7 @@ class LaunchPanel:
             [
                 w.HTML("<b>notebook_accel</b>"),
                 self.hardware_view,
+                w.HBox([self.where, self.ray_address]),
                 w.HBox([self.backend, *self.gpu_boxes, self.processes]),
                 w.HBox([w.Label("Precision"), *self.precision_buttons.values()]),
                 self.precision_note,
@@ -312,6 +367,8 @@ class LaunchPanel:
             self._sync_widgets()
 
     def _take_choices(self) -> None:
+        self.choices.cluster = self.where.value
+        self.choices.ray_address = self.ray_address.value
         self.choices.backend = self.backend.value
         self.choices.gpus = [
             gpu.index
@@ -340,13 +397,21 @@ class LaunchPanel:
         try:
             choices = self.choices
             running = self.running
+            here = not choices.on_cluster
+            self.where.value = choices.cluster
+            self.where.disabled = running
+            self.ray_address.value = choices.ray_address
+            self.ray_address.layout.display = "none" if here else ""
+            self.ray_address.disabled = running
             self.backend.value = choices.backend
+            self.backend.layout.display = "" if here else "none"
             for gpu, box in zip(choices.hardware.gpus, self.gpu_boxes, strict=True):
                 box.value = gpu.index in choices.gpus
-                box.layout.display = "" if choices.platform.chooses_devices else "none"
+                box.layout.display = "" if here and choices.platform.chooses_devices else "none"
                 box.disabled = running
             self.processes.value = choices.processes()
-            self.processes.disabled = running or not choices.platform.free_process_count
+            free_count = choices.platform.free_process_count or not here
+            self.processes.disabled = running or not free_count
             problems = choices.precision_problems()
             for name, button in self.precision_buttons.items():
                 button.value = name == choices.mixed_precision
@@ -444,6 +509,11 @@ class LaunchPanel:
         except Exception as error:  # noqa: BLE001 - shown in the panel, nothing started
             self._say(str(error), error=True)
             return
+        if plan.cluster is not None:
+            # Here, on the kernel's thread: the run's thread must import nothing.
+            from notebook_accel.launch.cluster.group import import_what_a_run_uses
+
+            import_what_a_run_uses()
         self.result, self.error = None, None
         self.outcome.value = ""
         self._say("")

@@ -211,3 +211,30 @@ def test_a_view_on_the_second_machine_lists_that_machines_ranks():
     report.apply(AttemptStarted(workers=2, attempt=0))
     assert sorted(report.statuses) == [2, 3]
     assert "rank 2: running" in ranks_html(report) and "rank 0" not in ranks_html(report)
+
+
+def test_a_ray_cluster_is_a_choice_of_the_panel_and_of_its_file(tmp_path):
+    panel = LaunchPanel(sleeps_forever, hardware=TWO_T4)
+    assert panel.ray_address.layout.display == "none"
+    panel.where.value = "ray"
+    panel.ray_address.value = "ray://head:10001"
+    panel.processes.value = 8
+    # The cluster's nodes decide the devices: no local backend or GPU boxes, any count.
+    assert panel.ray_address.layout.display == ""
+    assert panel.backend.layout.display == "none"
+    assert all(box.layout.display == "none" for box in panel.gpu_boxes)
+    assert not panel.processes.disabled
+    assert not panel.precision_buttons["bf16"].disabled  # checked against the nodes
+    assert panel.choices.to_config() == LaunchConfig(
+        cluster="ray", ray_address="ray://head:10001", num_processes=8
+    )
+    path = tmp_path / "launch.yaml"
+    panel.config_path.value = str(path)
+    panel.save_config()
+    again = LaunchPanel(sleeps_forever, hardware=CPU_ONLY, config_path=str(path))
+    again.load_config()
+    assert again.where.value == "ray" and again.ray_address.value == "ray://head:10001"
+    assert again.choices.to_config() == panel.choices.to_config()
+    again.where.value = "local"  # back to this machine: its own checks again
+    assert again.choices.to_config().cluster == "local"
+    assert again.choices.to_config().ray_address is None

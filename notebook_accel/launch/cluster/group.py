@@ -367,6 +367,18 @@ def _channel_reader(rank: int) -> Any:
     return ChannelReader(rank)
 
 
+def import_what_a_run_uses() -> None:
+    """Import what a run on the cluster imports on first use, on the calling thread: a run
+    started from the panel goes on in a thread of its own, where nothing may be imported
+    (two threads importing one package tree are not safe)."""
+    require_ray()
+    import ray.util.placement_group  # noqa: F401
+    import ray.util.scheduling_strategies  # noqa: F401
+
+    from notebook_accel.launch import channel  # noqa: F401
+    from notebook_accel.launch.cluster import pool  # noqa: F401
+
+
 def _first_line(error: BaseException | None) -> str:
     if error is None:
         return ""

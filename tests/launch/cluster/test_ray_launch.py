@@ -330,3 +330,30 @@ def test_checkpoints_on_each_node_s_own_disk_resume_bit_for_bit(ray_cluster):
     resumed = notebook_launcher(train_and_save, ("resumed",), live=False, **ON_TWO_NODES)
     for mine, theirs in zip(resumed, reference, strict=True):
         assert torch.equal(mine, theirs), (mine - theirs).abs().max().item()
+
+
+# -- the panel ---------------------------------------------------------------------------
+
+
+def test_the_panel_launches_on_the_cluster_and_its_stop_frees_everything(ray_cluster):
+    from notebook_accel.platforms import Hardware
+    from notebook_accel.ui.panel import LaunchPanel
+
+    panel = LaunchPanel(chatty, args=(3,), hardware=Hardware(cpu_cores=2))
+    panel.where.value = "ray"
+    panel.ray_address.value = ray_cluster.address
+    panel.launch()
+    assert panel.wait(120) and panel.error is None, panel.error
+    assert panel.result == 0
+    assert "[rank 1] line 2 of rank 1" in panel.run_widgets.logs.value
+    panel.function, panel.args = steps_forever, (0.05,)
+    panel.launch()
+    deadline = time.monotonic() + 60
+    while "step 3" not in panel.run_widgets.logs.value and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pressed = time.monotonic()
+    panel.stop()
+    assert panel.wait(10)
+    assert isinstance(panel.error, KeyboardInterrupt) and "Stopped" in panel.outcome.value
+    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
+    assert time.monotonic() - pressed < 5.0
