@@ -28,6 +28,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from notebook_accel import release_cluster  # noqa: E402
+from tests_support import free_port  # noqa: E402
 
 # Small nodes, as the machines of a real cluster would be for these tiny models.
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
@@ -52,6 +53,11 @@ class LocalCluster:
     @property
     def address(self) -> str:
         return self.cluster.address
+
+    @property
+    def client_address(self) -> str:
+        """The head's Ray Client server: ray://127.0.0.1:PORT."""
+        return f"ray://127.0.0.1:{self.cluster.head_node._ray_params.ray_client_server_port}"
 
     @property
     def head_disk(self) -> Path:
@@ -99,6 +105,8 @@ def start_cluster(
     head_disk = directory / "node0"
     head_disk.mkdir(parents=True)
     head_args = {**NODE_ARGS, "env_vars": {"NODE_DISK": str(head_disk)}}
+    # Ray Client's server on the head, for drivers that connect with ray://.
+    head_args["ray_client_server_port"] = free_port()
     if fast_health_checks:
         head_args["_system_config"] = FAST_HEALTH_CHECKS
     cluster = Cluster(initialize_head=True, head_node_args=head_args)

@@ -42,10 +42,11 @@ def connect(address: str | None) -> str:
 
     Raises ConnectionError, saying what to do, when the address cannot be reached.
     """
+    global _CONNECTED_WITH
     ray = require_ray()
     if ray.is_initialized():
         current = _current_address(ray)
-        if address not in (None, "auto") and current and not _same(address, current):
+        if not _connected_to(address, current, ray):
             raise ConnectionError(
                 f"this kernel is connected to the Ray cluster at {current}, not {address}: "
                 "call ray.shutdown() first to connect elsewhere, or leave ray_address "
@@ -55,6 +56,7 @@ def connect(address: str | None) -> str:
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
         _start_local(ray)
+        _CONNECTED_WITH = None
         return "a Ray cluster of this machine alone"
     _check_reachable(address)
     try:
@@ -65,7 +67,23 @@ def connect(address: str | None) -> str:
             "`ray start --head`, pass its address as ray_address, or leave ray_address "
             "unset to start one on this machine."
         ) from None
+    _CONNECTED_WITH = address
     return f"the Ray cluster at {address}"
+
+
+# The address this process connected with here (Ray Client does not say it back).
+_CONNECTED_WITH: str | None = None
+
+
+def _connected_to(address: str | None, current: str, ray: Any) -> bool:
+    """Whether this process's Ray connection is the one `address` asks for."""
+    if address in (None, "auto") or address == _CONNECTED_WITH:
+        return True
+    if address.startswith("ray://"):
+        # Through Ray Client the connection knows the cluster's own address, not the
+        # client server's: any client connection is taken for the one asked for.
+        return ray.util.client.ray.is_connected()
+    return not current or _same(address, current)
 
 
 def alive_nodes(excluding: set[str] | frozenset[str] = frozenset()) -> list[NodeResources]:

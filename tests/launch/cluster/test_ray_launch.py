@@ -357,3 +357,44 @@ def test_the_panel_launches_on_the_cluster_and_its_stop_frees_everything(ray_clu
     assert isinstance(panel.error, KeyboardInterrupt) and "Stopped" in panel.outcome.value
     assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
     assert time.monotonic() - pressed < 5.0
+
+
+# -- other ways to reach the cluster ---------------------------------------------------------
+
+ANOTHER_DRIVER = """
+from notebook_accel import notebook_launcher
+import ray
+
+def hello():
+    import torch
+    from notebook_accel import Accelerator
+    accelerator = Accelerator()
+    return accelerator.reduce(torch.ones(1)).item()
+
+for address in ADDRESSES:
+    value = notebook_launcher(hello, cluster="ray", ray_address=address, num_processes=2,
+                              placement_strategy="STRICT_SPREAD", live=False)
+    print("RESULT", address, value)
+"""
+
+
+@pytest.mark.parametrize("through", ["gcs", "client"])
+def test_a_kernel_reaches_a_running_cluster_by_its_address(ray_cluster, through):
+    """A fresh kernel (another driver): $RAY_ADDRESS or "auto", or Ray Client (ray://)."""
+    import subprocess
+    import sys
+
+    if through == "gcs":
+        addresses, env = [None, "auto"], {**os.environ, "RAY_ADDRESS": ray_cluster.address}
+    else:
+        addresses, env = [ray_cluster.client_address] * 2, dict(os.environ)
+        env.pop("RAY_ADDRESS", None)
+    code = ANOTHER_DRIVER.replace("ADDRESSES", repr(addresses))
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=150, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [line.split()[-1] for line in done.stdout.splitlines() if "RESULT" in line] == [
+        "2.0",
+        "2.0",
+    ]

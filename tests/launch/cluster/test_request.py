@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
 import pytest
 
 from notebook_accel import notebook_launcher
 from notebook_accel.launch.cluster.agent import AgentInfo
 from notebook_accel.launch.cluster.pool import _places
 from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
+from tests_support import free_port
 
 
 def nodes(*cpus_and_gpus: tuple[float, float]) -> list[NodeResources]:
@@ -125,3 +130,42 @@ def test_options_that_do_not_go_together_are_refused_before_anything_starts(opti
     with pytest.raises((ValueError, TypeError)) as raised:
         notebook_launcher(returns_one, live=False, **options)
     assert message in str(raised.value)
+
+
+def launch_in_a_fresh_process(code: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    """A new interpreter, as a kernel that never connected to Ray."""
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_without_ray_installed_the_error_says_how_to_install_it():
+    done = launch_in_a_fresh_process(
+        "import sys; sys.modules['ray'] = None\n"
+        "from notebook_accel import notebook_launcher\n"
+        "def f(): return 1\n"
+        "notebook_launcher(f, cluster='ray')\n"
+    )
+    assert done.returncode == 1
+    assert "ModuleNotFoundError: cluster='ray' runs the workers on a Ray cluster" in done.stderr
+    assert 'pip install "notebook_accel[ray]"' in done.stderr
+
+
+@pytest.mark.parametrize("scheme", ["", "ray://"])
+def test_an_address_nothing_answers_at_is_refused_quickly_and_nothing_starts(scheme):
+    address = f"{scheme}127.0.0.1:{free_port()}"
+    started = time.monotonic()
+    done = launch_in_a_fresh_process(
+        "import ray\n"
+        "from notebook_accel import notebook_launcher\n"
+        "def f(): return 1\n"
+        "try:\n"
+        f"    notebook_launcher(f, cluster='ray', ray_address={address!r})\n"
+        "except ConnectionError as error:\n"
+        "    print('REFUSED', error)\n"
+        "print('CONNECTED', ray.is_initialized())\n"
+    )
+    assert time.monotonic() - started < 30
+    assert f"REFUSED cannot reach the Ray cluster at {address!r}" in done.stdout, done.stderr
+    assert "Nothing was started" in done.stdout
+    assert "CONNECTED False" in done.stdout
