@@ -153,6 +153,7 @@ def environment_report() -> str:
         "jupyterlab",
         "accelerate",
         "torchao",
+        "ray",
     ):
         lines.append(f"  {package:<15} {version(package)}")
     hardware = detect()

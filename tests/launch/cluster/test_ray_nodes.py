@@ -30,10 +30,11 @@ def ray_cluster(tmp_path_factory):
 
 
 class LoseNodeOf(RunObserver):
-    """When a rank says which disk it has, kill that rank's node (not the head node)."""
+    """When a rank says which disk it has, kill that rank's node: the first rank that is
+    not on the head node (which holds the cluster itself)."""
 
-    def __init__(self, cluster, rank: int | None = None) -> None:
-        self.cluster, self.rank = cluster, rank
+    def __init__(self, cluster) -> None:
+        self.cluster = cluster
         self.lost_rank: int | None = None
         self.lost_at: float | None = None
         self.node = None
@@ -43,8 +44,6 @@ class LoseNodeOf(RunObserver):
             return
         disk = event.line.removeprefix("on disk ").strip()
         if self.lost_rank is not None or disk == str(self.cluster.head_disk):
-            return
-        if self.rank is not None and event.rank != self.rank:
             return
         self.lost_rank, self.node = event.rank, self.cluster.node_holding(disk)
         threading.Thread(target=self._lose, daemon=True).start()
@@ -152,7 +151,7 @@ def test_with_max_restarts_the_run_goes_on_on_the_nodes_left_from_the_last_check
         reference = notebook_launcher(
             train_saving_each_step, (str(tmp_path / "reference"), 30), live=False, **ON_TWO_NODES
         )
-        lose = LoseNodeOf(ray_cluster, rank=1)
+        lose = LoseNodeOf(ray_cluster)
         result = notebook_launcher(
             train_saving_each_step,
             (str(tmp_path / "restarted"), 30),
