@@ -8,6 +8,7 @@ what gets forwarded to the torch call each object configures.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -383,6 +384,12 @@ class ProjectConfiguration:
     save_on_each_node: bool = False
 
     def __post_init__(self) -> None:
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set `project_dir`, and `logging_dir` too where it is unset."""
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
