@@ -154,8 +154,9 @@ class PartialState(_Place):
         if name.startswith("__") or name in ("_key", "platform_name"):
             raise AttributeError(name)
         kind = type(self).__name__
+        # Python's own wording first: code matches on it, as it does under Accelerate.
         raise AttributeError(
-            f"`{kind}` object has no attribute `{name}`. This happens if "
+            f"{kind!r} object has no attribute {name!r}. This happens if "
             f"`{kind}._reset_state()` was called after this object (or an Accelerator) was "
             "made: its state is gone. Make a new Accelerator or state object."
         )
