@@ -25,6 +25,7 @@ from torch.utils.hooks import RemovableHandle
 
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.accelerator.tracking import Trackers
+from notebook_accel.config import accelerate_env
 from notebook_accel.config.kwargs import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -116,8 +117,11 @@ class Accelerator:
         self.state = AcceleratorState(
             cpu, init_process_group_kwargs=handlers.get(InitProcessGroupKwargs)
         )
+        # Precedence: the argument, the launch's settings, Accelerate's variables, the default.
         if mixed_precision is None:
-            mixed_precision = launch.mixed_precision if launch else "no"
+            mixed_precision = (
+                launch.mixed_precision if launch else accelerate_env.mixed_precision() or "no"
+            )
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ValueError(
@@ -126,7 +130,11 @@ class Accelerator:
         if gradient_accumulation_steps is None:
             gradient_accumulation_steps = plugin.num_steps
         if gradient_accumulation_steps is None:
-            gradient_accumulation_steps = launch.gradient_accumulation_steps if launch else 1
+            gradient_accumulation_steps = (
+                launch.gradient_accumulation_steps
+                if launch
+                else accelerate_env.gradient_accumulation_steps() or 1
+            )
         if int(gradient_accumulation_steps) < 1:
             raise ValueError(
                 f"gradient_accumulation_steps={gradient_accumulation_steps}; it must be 1 or more."

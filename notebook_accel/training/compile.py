@@ -25,8 +25,9 @@ def plugin_for(
     if dynamo_plugin is not None and dynamo_backend is not None:
         raise ValueError("pass dynamo_backend= or dynamo_plugin=, not both.")
     if dynamo_plugin is None:
-        if dynamo_backend is None:
-            dynamo_backend = "inductor" if compile else "no"
+        if dynamo_backend is None and compile:
+            dynamo_backend = "inductor"
+        # No backend given: TorchDynamoPlugin reads ACCELERATE_DYNAMO_BACKEND, as Accelerate does.
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     if not dynamo_plugin.enabled:
         return None
