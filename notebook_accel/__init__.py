@@ -24,6 +24,7 @@ cuda_origin.watch()
 # public name -> module that defines it
 _EXPORTS = {
     "notebook_launcher": "notebook_accel.launch.launcher",
+    "debug_launcher": "notebook_accel.launch.launcher",
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "PlacementError": "notebook_accel.launch.errors",
@@ -97,7 +98,7 @@ if TYPE_CHECKING:
     from notebook_accel.config.settings import LaunchSettings
     from notebook_accel.launch.cluster import release_cluster
     from notebook_accel.launch.errors import PlacementError, WorkerError
-    from notebook_accel.launch.launcher import last_run, notebook_launcher
+    from notebook_accel.launch.launcher import debug_launcher, last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
     from notebook_accel.live import LiveWorkers, start_workers
     from notebook_accel.platforms.base import DistributedType

@@ -25,6 +25,7 @@ def test_accelerate_names_a_ported_notebook_imports_are_here():
     for name in (
         "Accelerator",
         "notebook_launcher",
+        "debug_launcher",
         "DataLoaderConfiguration",
         "AutocastKwargs",
         "GradScalerKwargs",

@@ -14,15 +14,18 @@ import contextlib
 import gc
 import os
 import warnings
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader
+from torch.utils.hooks import RemovableHandle
 
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.accelerator.tracking import Trackers
+from notebook_accel.config import accelerate_env
 from notebook_accel.config.kwargs import (
     AORecipeKwargs,
     AutocastKwargs,
@@ -114,8 +117,11 @@ class Accelerator:
         self.state = AcceleratorState(
             cpu, init_process_group_kwargs=handlers.get(InitProcessGroupKwargs)
         )
+        # Precedence: the argument, the launch's settings, Accelerate's variables, the default.
         if mixed_precision is None:
-            mixed_precision = launch.mixed_precision if launch else "no"
+            mixed_precision = (
+                launch.mixed_precision if launch else accelerate_env.mixed_precision() or "no"
+            )
         plugin = gradient_accumulation_plugin or GradientAccumulationPlugin()
         if gradient_accumulation_plugin is not None and gradient_accumulation_steps is not None:
             raise ValueError(
@@ -124,7 +130,11 @@ class Accelerator:
         if gradient_accumulation_steps is None:
             gradient_accumulation_steps = plugin.num_steps
         if gradient_accumulation_steps is None:
-            gradient_accumulation_steps = launch.gradient_accumulation_steps if launch else 1
+            gradient_accumulation_steps = (
+                launch.gradient_accumulation_steps
+                if launch
+                else accelerate_env.gradient_accumulation_steps() or 1
+            )
         if int(gradient_accumulation_steps) < 1:
             raise ValueError(
                 f"gradient_accumulation_steps={gradient_accumulation_steps}; it must be 1 or more."
@@ -162,11 +172,15 @@ class Accelerator:
             adjust_scheduler=plugin.adjust_scheduler,
             sync_each_batch=plugin.sync_each_batch,
         )
+        # The state is shared (Accelerate's GradientState); a new Accelerator starts with no
+        # accumulation in progress, whatever a loop stopped half way left there.
+        self.gradient_state.sync_gradients = True
         self.device_placement = device_placement
         self.step_scheduler_with_optimizer = step_scheduler_with_optimizer
-        self.project_configuration = project_config or ProjectConfiguration(
-            project_dir=None if project_dir is None else os.fspath(project_dir)
-        )
+        self.project_configuration = project_config or ProjectConfiguration()
+        if project_dir is not None and self.project_configuration.project_dir is None:
+            # As in Accelerate: the argument fills a configuration that names no directory.
+            self.project_configuration.set_directories(project_dir)
         if rng_types is not None:
             # Accelerate synchronises these generators at every epoch; here the
             # seedable sampler (use_seedable_sampler) keeps shuffles in step instead.
@@ -181,6 +195,8 @@ class Accelerator:
         self.flag_tensor: torch.Tensor | None = None
         # Everything prepared or registered, in order: what checkpoints save.
         self._objects = TrainingObjects(scaler=self.precision.scaler)
+        self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
 
     # -- who and where ------------------------------------------------------------
 
@@ -324,6 +340,9 @@ class Accelerator:
         for i, obj in enumerate(args):
             if _is_scheduler(obj):
                 result[i] = self.prepare_scheduler(obj)
+        for obj in result:
+            if _is_prepared_object(obj):
+                _mark_prepared(obj)
         milestone()  # a launched worker reports what it imported (launch/warm.py)
         return result[0] if len(result) == 1 else tuple(result)
 
@@ -348,6 +367,8 @@ class Accelerator:
         sharded in place (the same object, its parameters now DTensor shards).
         With a dynamo backend the result is `torch.compile`d.
         """
+        if any(model is prepared for prepared in self._objects.models):
+            return model  # prepared already: wrapping it again would nest DDP
         self._objects.models.append(model)
         if device_placement if device_placement is not None else self.device_placement:
             before = dict(model.named_parameters())
@@ -435,20 +456,28 @@ class Accelerator:
         return prepared
 
     def unwrap_model(
-        self, model: torch.nn.Module, keep_fp32_wrapper: bool = True
+        self,
+        model: torch.nn.Module,
+        keep_fp32_wrapper: bool = True,
+        keep_torch_compile: bool = False,
     ) -> torch.nn.Module:
-        """The user's model: without `torch.compile`'s and DDP's wrappers (and the
-        precision wrapper if asked).
+        """The user's model: without `torch.compile`'s, DDP's and DataParallel's wrappers
+        (and the precision wrapper if asked).
 
-        A model sharded with FSDP is the user's own object already (its class
-        swapped for an FSDP subclass, its parameters DTensor shards); it is
-        returned as it is. `get_state_dict` gives its whole weights.
+        `keep_torch_compile=True` gives the unwrapped model compiled as the given one was
+        (Accelerate's default); by default the user's own module comes back, whose
+        `state_dict()` keys carry no `_orig_mod.` prefix. A model sharded with FSDP is
+        the user's own object already (its class swapped for an FSDP subclass, its
+        parameters DTensor shards); `get_state_dict` gives its whole weights.
         """
+        compiled = compiling.compiled_wrapper(model)
         model = compiling.unwrap_compiled(model)
-        while isinstance(model, DistributedDataParallel):
+        while isinstance(model, (DistributedDataParallel, torch.nn.DataParallel)):
             model = model.module
         if not keep_fp32_wrapper:
             restore_forward(model)
+        if keep_torch_compile and compiled is not None:
+            return compiling.recompiled_around(compiled, model)
         return model
 
     def get_state_dict(self, model: torch.nn.Module, unwrap: bool = True) -> dict:
@@ -885,6 +914,52 @@ class Accelerator:
         """Include `objects` (each with `state_dict` and `load_state_dict`) in checkpoints."""
         self._objects.register(*objects)
 
+    def register_save_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call `hook(models, weights, output_dir)` in every `save_state`, before its files
+        are written; returns a handle whose `remove()` unregisters it.
+
+        `models` are the prepared models, `weights` their state dicts (empty when the
+        models are sharded), `output_dir` the directory being written: files the hook
+        writes there are part of the checkpoint (committed with it, atomically). It runs
+        on every process. It may change the tensors in `weights`, not remove entries.
+        """
+        handle = RemovableHandle(self._save_hooks)
+        self._save_hooks[handle.id] = hook
+        return handle
+
+    def register_load_state_pre_hook(self, hook: Callable[..., None]) -> RemovableHandle:
+        """Call `hook(models, input_dir)` in every `load_state`, once the checkpoint has been
+        checked and before anything is restored; returns a handle whose `remove()`
+        unregisters it. It runs on every process."""
+        handle = RemovableHandle(self._load_hooks)
+        self._load_hooks[handle.id] = hook
+        return handle
+
+    @property
+    def _models(self) -> list[torch.nn.Module]:
+        """The prepared models (Accelerate's attribute, which code reads)."""
+        return self._objects.models
+
+    @property
+    def _optimizers(self) -> list[AcceleratedOptimizer]:
+        """The prepared optimizers."""
+        return self._objects.optimizers
+
+    @property
+    def _schedulers(self) -> list[AcceleratedScheduler]:
+        """The prepared schedulers."""
+        return self._objects.schedulers
+
+    @property
+    def _dataloaders(self) -> list[DataLoaderShard]:
+        """The prepared DataLoaders."""
+        return self._objects.dataloaders
+
+    @property
+    def _custom_objects(self) -> list[Any]:
+        """The objects given to `register_for_checkpointing`."""
+        return self._objects.custom_objects
+
     def _checkpoint_context(self) -> CheckpointContext:
         """What the checkpoint code needs, as of now (accumulation state included)."""
         from notebook_accel.checkpoint.training_state import CheckpointContext
@@ -898,6 +973,8 @@ class Accelerator:
             unwrap=self.unwrap_model,
             mixed_precision=self.mixed_precision,
             sync_gradients=self.sync_gradients,
+            save_hooks=list(self._save_hooks.values()),
+            load_hooks=list(self._load_hooks.values()),
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
@@ -958,6 +1035,19 @@ class Accelerator:
             f"mixed_precision={self.mixed_precision!r}, "
             f"gradient_accumulation_steps={self.gradient_accumulation_steps})"
         )
+
+
+def _is_prepared_object(obj: Any) -> bool:
+    return isinstance(
+        obj,
+        (torch.nn.Module, AcceleratedOptimizer, AcceleratedScheduler, DataLoaderShard),
+    )
+
+
+def _mark_prepared(obj: Any) -> None:
+    """Accelerate's `_is_accelerate_prepared` flag, which code checks before preparing."""
+    with contextlib.suppress(AttributeError, TypeError):
+        obj._is_accelerate_prepared = True
 
 
 def _is_scheduler(obj: Any) -> bool:

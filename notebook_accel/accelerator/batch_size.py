@@ -1,9 +1,9 @@
-"""Find the largest batch size that fits: retry a training function with half the batch.
+"""Find the largest batch size that fits: retry a training function with a smaller batch.
 
 `find_executable_batch_size` (Accelerate's `accelerate.utils` name) calls the
 decorated function with a batch size as its first argument; when the call runs
 out of device memory it frees what the failed try held and calls again with
-half the batch, down to 1.
+0.9 times the batch (rounded down, as Accelerate does), down to 1.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import torch
 
 # The messages device allocators raise as a plain RuntimeError when memory runs out.
 OUT_OF_MEMORY_MESSAGES = (
-    "CUDA out of memory.",
+    " out of memory.",  # CUDA, HIP, XPU and CPU ("CPU out of memory.")
     "CUDA error: out of memory",
     "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",  # cuDNN's way of saying it, for large batches
     "DefaultCPUAllocator: can't allocate memory",
-    "XPU out of memory.",
     "MPS backend out of memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # Gaudi (HPU)
 )
 
 
@@ -65,15 +65,17 @@ def find_executable_batch_size(
     starting_batch_size: int = 128,
     reduce_batch_size_fn: Callable[[], int] | None = None,
 ) -> Callable:
-    """Decorator: call `function(batch_size, ...)`, halving `batch_size` after each out-of-memory.
+    """Decorator: call `function(batch_size, ...)`, shrinking `batch_size` after each
+    out-of-memory.
 
     The decorated function is called without its first argument, which is
-    filled in: `starting_batch_size` first, then half of it after each
+    filled in: `starting_batch_size` first, then `int(0.9 * batch_size)` after each
     out-of-memory error (`torch.OutOfMemoryError`, or the allocators' messages
     in `OUT_OF_MEMORY_MESSAGES`), or whatever `reduce_batch_size_fn()` returns.
     Between tries garbage is collected and the device cache emptied, so the
-    next try has the failed one's memory. Other errors pass through. Gives up
-    with a RuntimeError when the batch size reaches 0.
+    next try has the failed one's memory. Other errors pass through. A call gives
+    up with a RuntimeError when the batch size reaches 0 (at once for a
+    `starting_batch_size` of 0).
     """
     if function is None:
         return functools.partial(
@@ -81,13 +83,13 @@ def find_executable_batch_size(
             starting_batch_size=starting_batch_size,
             reduce_batch_size_fn=reduce_batch_size_fn,
         )
-    if int(starting_batch_size) < 1:
+    if int(starting_batch_size) < 0:
         raise ValueError(f"starting_batch_size={starting_batch_size} must be 1 or more.")
 
-    def halve(size: int) -> int:
-        return size // 2
+    def shrink(size: int) -> int:
+        return int(size * 0.9)
 
-    reduce = (lambda size: reduce_batch_size_fn()) if reduce_batch_size_fn else halve
+    reduce = (lambda size: reduce_batch_size_fn()) if reduce_batch_size_fn else shrink
 
     @functools.wraps(function)
     def decorator(*args: Any, **kwargs: Any) -> Any:
@@ -102,9 +104,15 @@ def find_executable_batch_size(
         clear_device_cache()
         while True:
             if batch_size <= 0:
+                # Accelerate's words first (code matches on them), then what to do.
                 raise RuntimeError(
-                    "find_executable_batch_size: no batch size fits in memory; even a batch "
-                    "of 1 ran out of memory."
+                    "No executable batch size found, reached zero. "
+                    + (
+                        "Even a batch of 1 ran out of memory: use a smaller model, mixed "
+                        "precision or more processes."
+                        if batch_size != int(starting_batch_size)
+                        else "Give find_executable_batch_size a starting_batch_size of 1 or more."
+                    )
                 )
             try:
                 return function(batch_size, *args, **kwargs)

@@ -442,9 +442,10 @@ class Trackers:
             w for w in wanted if isinstance(w, str) and TRACKERS[w].requires_logging_directory
         ]
         if needs_dir and logging_dir is None:
+            # Accelerate's first sentence, which code matches on; then the way out.
             raise ValueError(
-                f"log_with={needs_dir[0]!r} writes its logs to a directory: pass "
-                "Accelerator(project_dir=...) or a ProjectConfiguration with logging_dir."
+                f"Logging with `{needs_dir[0]}` requires a `logging_dir` to be passed in: "
+                "pass Accelerator(project_dir=...) or a ProjectConfiguration with logging_dir."
             )
         if log_with is not None and not wanted:
             warnings.warn(

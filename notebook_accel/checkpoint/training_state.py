@@ -113,7 +113,7 @@ import re
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -181,6 +181,10 @@ class CheckpointContext:
     unwrap: Callable[[torch.nn.Module], torch.nn.Module] = lambda model: model
     mixed_precision: str = "no"
     sync_gradients: bool = True
+    # Accelerate's state hooks: save ones get (models, weights, directory) before the
+    # files are written, load ones (models, directory) before anything is restored.
+    save_hooks: Sequence[Callable[..., None]] = ()
+    load_hooks: Sequence[Callable[..., None]] = ()
 
     @property
     def is_main_process(self) -> bool:
@@ -350,6 +354,7 @@ def _complete(
     per_process = sharded and sharing.directories > 1
     if leader:
         _tidy(target, partial, sharing.saved)
+    weights = _run_save_hooks(run, partial, sharded)
     if per_process:
         shards = partial / _own_shards(run.process_index)
         fsdp.save_own_shards(shards, run.unwrapped_models(), run.objects.optimizers)
@@ -357,7 +362,7 @@ def _complete(
         fsdp.sharded_save(partial / SHARDED_FOLDER, run.unwrapped_models(), run.objects.optimizers)
     shared = leader and (run.is_main_process or run.project.save_on_each_node)
     if shared:
-        _write_shared_files(run, partial, safe_serialization, weights=not sharded)
+        _write_shared_files(run, partial, safe_serialization, weights, sharded)
     run.barrier()  # every file of every directory is in
     problem = None
     if leader:
@@ -497,15 +502,53 @@ def _write_rank_files(run: CheckpointContext, folder: Path) -> None:
     _write_file(folder / f"loop_state_{rank}.pkl", loop, torch.save)
 
 
+def _run_save_hooks(run: CheckpointContext, folder: Path, sharded: bool) -> list[dict]:
+    """Each model's state dict (none when sharded), after the save hooks saw them.
+
+    The hooks run on every process, in the directory being saved: what they write
+    there is committed (and checksummed) with the rest. A hook may change the
+    tensors of a state dict, not how many there are.
+    """
+    weights = [] if sharded else [run.unwrap(model).state_dict() for model in run.objects.models]
+    expected = len(weights)
+    problem = None
+    for hook in run.save_hooks:
+        hook(list(run.objects.models), weights, str(folder))
+    if len(weights) != expected:
+        problem = CheckpointError(
+            f"a save_state pre-hook left {len(weights)} of the {expected} models' weights: "
+            "here every prepared model is saved and loaded by save_state/load_state. Write "
+            "a model in a format of your own with save_model or your own code, and change "
+            "its weights in `weights` rather than removing them."
+        )
+    _raise_if_any(run, problem)
+    return weights
+
+
+def _run_load_hooks(run: CheckpointContext, folder: Path) -> None:
+    """The load hooks, on every process, before anything is restored."""
+    models = list(run.objects.models)
+    for hook in run.load_hooks:
+        hook(models, str(folder))
+    problem = None
+    if len(models) != len(run.objects.models):
+        problem = CheckpointError(
+            f"a load_state pre-hook left {len(models)} of the {len(run.objects.models)} "
+            "models: here load_state restores every prepared model it saved. Load a model "
+            "of your own format after load_state instead of removing it from `models`."
+        )
+    _raise_if_any(run, problem)
+
+
 def _write_shared_files(
-    run: CheckpointContext, folder: Path, safe: bool, weights: bool = True
+    run: CheckpointContext, folder: Path, safe: bool, weights: list[dict], sharded: bool
 ) -> None:
-    for i, model in enumerate(run.objects.models if weights else []):
+    for i, state in enumerate(weights):
         name = _numbered(SAFE_WEIGHTS if safe else PICKLED_WEIGHTS, i)
-        _write_weights(folder / name, model_tensors(run.unwrap(model)), safe)
+        _write_weights(folder / name, model_tensors(state), safe)
     # States go to disk as CPU tensors: torch.save cannot write XLA tensors, and
     # load_state moves them back to each parameter's device.
-    for i, optimizer in enumerate(run.objects.optimizers if weights else []):
+    for i, optimizer in enumerate([] if sharded else run.objects.optimizers):
         state = to_cpu(optimizer.state_dict())
         _write_file(folder / _numbered("optimizer.bin", i), state, torch.save)
     for i, scheduler in enumerate(run.objects.schedulers):
@@ -775,6 +818,7 @@ def load_state(run: CheckpointContext, input_dir: str | os.PathLike | None) -> P
     assert checkpoint is not None
     if any(lacking for _, lacking in answers):
         _receive_shared(run, checkpoint)
+    _run_load_hooks(run, source)
     _apply(run, checkpoint)
     if half_committed:  # put this directory's checkpoint of the loaded save back in place
         run.barrier()  # every process has read its files

@@ -8,6 +8,7 @@ what gets forwarded to the torch call each object configures.
 from __future__ import annotations
 
 import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from datetime import timedelta
@@ -386,6 +387,12 @@ class ProjectConfiguration:
         if self.logging_dir is None:
             self.logging_dir = self.project_dir
 
+    def set_directories(self, project_dir: str | os.PathLike | None = None) -> None:
+        """Set `project_dir`, and `logging_dir` too where it is unset."""
+        self.project_dir = None if project_dir is None else os.fspath(project_dir)
+        if self.logging_dir is None:
+            self.logging_dir = self.project_dir
+
 
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
@@ -535,18 +542,28 @@ def _check_policy_dict(policy: dict) -> None:
 class TorchDynamoPlugin:
     """How `prepare` compiles models with `torch.compile` (backend "no": not at all).
 
-    `backend` is any `torch.compile` backend name ("inductor", its default, needs
-    a C++ compiler on CPU; "aot_eager" traces without generating code). `mode`,
-    `fullgraph` and `dynamic` are `torch.compile`'s arguments.
+    `backend` is any `torch.compile` backend name ("inductor" needs a C++ compiler on
+    CPU; "aot_eager" traces without generating code). `mode`, `fullgraph` and `dynamic`
+    are `torch.compile`'s arguments. Fields left None take Accelerate's
+    `ACCELERATE_DYNAMO_BACKEND`, `_MODE`, `_USE_FULLGRAPH` and `_USE_DYNAMIC` variables
+    (what `accelerate launch --dynamo_backend ...` sets), else the defaults: no
+    compiling, torch's default mode, no full graph.
     """
 
-    backend: str = "inductor"
+    backend: str | None = None
     mode: str | None = None
-    fullgraph: bool = False
+    fullgraph: bool | None = None
     dynamic: bool | None = None
 
     def __post_init__(self) -> None:
-        self.backend = str(getattr(self.backend, "value", self.backend)).lower()
+        from notebook_accel.config import accelerate_env
+
+        for name, value in accelerate_env.dynamo_settings().items():
+            if getattr(self, name) is None:
+                setattr(self, name, value)
+        backend = "no" if self.backend is None else self.backend
+        self.backend = str(getattr(backend, "value", backend)).lower()
+        self.fullgraph = bool(self.fullgraph)
 
     @property
     def enabled(self) -> bool:
@@ -554,10 +571,13 @@ class TorchDynamoPlugin:
         return self.backend != "no"
 
     def to_kwargs(self) -> dict[str, Any]:
-        """The keyword arguments for `torch.compile`."""
-        kwargs: dict[str, Any] = {"backend": self.backend, "fullgraph": self.fullgraph}
-        if self.mode is not None:
+        """The keyword arguments for `torch.compile`: the backend, and what differs from
+        torch's defaults (as Accelerate's `to_kwargs` gives them)."""
+        kwargs: dict[str, Any] = {"backend": self.backend}
+        if self.mode not in (None, "default"):
             kwargs["mode"] = self.mode
+        if self.fullgraph:
+            kwargs["fullgraph"] = True
         if self.dynamic is not None:
             kwargs["dynamic"] = self.dynamic
         return kwargs

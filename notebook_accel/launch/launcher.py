@@ -126,6 +126,34 @@ notebook_launcher.__doc__ = notebook_launcher.__doc__.replace(
 )
 
 
+def debug_launcher(
+    function: Callable[..., Any], args: tuple | list = (), num_processes: int = 2, **options: Any
+) -> Any:
+    """Run `function(*args)` in `num_processes` CPU worker processes, to test distributed code
+    on any machine (Accelerate's `debug_launcher`).
+
+    `notebook_launcher` with `backend="cpu"` and `mixed_precision="no"`, whatever the
+    hardware: the workers form a gloo group and `Accelerator()` in them uses the CPU.
+    Returns the main worker's value (Accelerate's returns None) and raises
+    `WorkerError` as `notebook_launcher` does; other `notebook_launcher` options
+    (`timeout=`, `output=`, ...) may be passed too. One process runs in this process.
+    """
+    for fixed in ("backend", "mixed_precision"):
+        if fixed in options:
+            raise TypeError(
+                f"debug_launcher runs CPU workers without mixed precision; it takes no "
+                f"{fixed}=. Use notebook_launcher(..., {fixed}=...) for that."
+            )
+    return notebook_launcher(
+        function,
+        args,
+        num_processes=num_processes,
+        backend="cpu",
+        mixed_precision="no",
+        **options,
+    )
+
+
 def run_plan(
     plan: LaunchPlan,
     observer: RunObserver,

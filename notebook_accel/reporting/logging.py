@@ -22,8 +22,12 @@ class MultiProcessAdapter(logging.LoggerAdapter):
     def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
         main_process_only = kwargs.pop("main_process_only", True)
         in_order = kwargs.pop("in_order", False)
+        # The record names the caller's line, not this method's (2: past this frame;
+        # logging skips its own LoggerAdapter frames). A caller's own stacklevel wins.
+        kwargs.setdefault("stacklevel", 2)
         if not self.isEnabledFor(level):
             return
+        msg, kwargs = self.process(msg, kwargs)
         rank, world = process_rank_and_world()
         if main_process_only:
             if rank == 0:

@@ -25,8 +25,9 @@ def plugin_for(
     if dynamo_plugin is not None and dynamo_backend is not None:
         raise ValueError("pass dynamo_backend= or dynamo_plugin=, not both.")
     if dynamo_plugin is None:
-        if dynamo_backend is None:
-            dynamo_backend = "inductor" if compile else "no"
+        if dynamo_backend is None and compile:
+            dynamo_backend = "inductor"
+        # No backend given: TorchDynamoPlugin reads ACCELERATE_DYNAMO_BACKEND, as Accelerate does.
         dynamo_plugin = TorchDynamoPlugin(backend=dynamo_backend)
     if not dynamo_plugin.enabled:
         return None
@@ -50,3 +51,19 @@ def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     while isinstance(model, eval_frame.OptimizedModule):
         model = model._orig_mod
     return model
+
+
+def compiled_wrapper(model: torch.nn.Module) -> torch.nn.Module | None:
+    """The outermost `torch.compile` wrapper of `model`, or None when it is not compiled."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
+    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
+        return None
+    return model
+
+
+def recompiled_around(compiled: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
+    """`model` under the compile settings of `compiled`, leaving `compiled` as it is
+    (Accelerate repoints the prepared one, which then bypasses its DDP wrapper)."""
+    if compiled._orig_mod is model:
+        return compiled
+    return type(compiled)(model, compiled.dynamo_ctx)

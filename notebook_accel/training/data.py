@@ -96,23 +96,14 @@ def prepare_data_loader(
     remainder_known = not dataloader.drop_last
 
     if isinstance(dataset, IterableDataset):
-        batch_size = dataloader.batch_size
+        dataset, batch_size, total = _shard_iterable(
+            dataloader, num_processes, process_index, split_batches
+        )
+        kwargs["batch_size"] = batch_size
         if batch_size is None:
-            raise ValueError(
-                "An iterable dataset needs a DataLoader with a batch_size to be sharded."
-            )
-        if num_processes > 1:
-            dataset = IterableDatasetShard(
-                dataset,
-                batch_size,
-                num_processes,
-                process_index,
-                split_batches,
-                dataloader.drop_last,
-            )
-            batch_size = batch_size // num_processes if split_batches else batch_size
-        kwargs.update(batch_size=batch_size, drop_last=dataloader.drop_last)
-        total = dataloader.batch_size * (1 if split_batches else num_processes)
+            remainder_known = False  # how many samples a batch holds is the dataset's business
+        else:
+            kwargs["drop_last"] = dataloader.drop_last
     else:
         batch_sampler = dataloader.batch_sampler
         # DataLoader(sampler=BatchSampler(...), batch_size=None): each item is a batch
@@ -162,6 +153,33 @@ def prepare_data_loader(
         before_transfer=platform.before_batch_transfer if placed else None,
         **kwargs,
     )
+
+
+def _shard_iterable(
+    dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool
+) -> tuple[IterableDataset, int | None, int | None]:
+    """This process's share of an iterable dataset: (dataset, its loader's batch size,
+    the global batch size, None where the items are whole batches)."""
+    dataset, batch_size = dataloader.dataset, dataloader.batch_size
+    if batch_size is None:
+        # Pre-batched data: each item is a whole batch, and goes to one process whole.
+        if split_batches and num_processes > 1:
+            raise ValueError(
+                "split_batches=True cannot split the items of DataLoader(batch_size=None) "
+                "over an iterable dataset: each item is a batch already. Give the DataLoader "
+                "a batch_size, or leave split_batches off."
+            )
+        if num_processes > 1:
+            dataset = IterableDatasetShard(
+                dataset, 1, num_processes, process_index, drop_last=dataloader.drop_last
+            )
+        return dataset, None, None
+    if num_processes > 1:
+        dataset = IterableDatasetShard(
+            dataset, batch_size, num_processes, process_index, split_batches, dataloader.drop_last
+        )
+    total = batch_size * (1 if split_batches else num_processes)
+    return dataset, batch_size // num_processes if split_batches else batch_size, total
 
 
 def _loader_class(stateful: bool) -> type[DataLoaderShard]:

@@ -7,7 +7,6 @@ DataLoaders it prepared (are we at the end?) and the optimizers it wrapped
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -15,27 +14,72 @@ import torch
 from notebook_accel.reporting.destination import milestone
 
 
-@dataclass
 class GradientState:
-    """Accumulation bookkeeping shared by one Accelerator and what it prepared
-    (Accelerate's `GradientState`: `accelerator.gradient_state`).
+    """Accumulation bookkeeping shared by the Accelerator, the DataLoaders it prepared
+    (are we at the end?) and the optimizers it wrapped (should this step really update?).
 
-    Each Accelerator has its own, so `GradientState._reset_state()` has nothing
-    to forget; it exists for code written for Accelerate.
+    As Accelerate's `GradientState`, every instance of one process shares one state:
+    `GradientState()` made by user code is `accelerator.gradient_state`'s state, and a
+    new Accelerator sets its accumulation settings on it. `_reset_state()` forgets it.
     """
 
-    num_steps: int = 1
-    sync_gradients: bool = True
-    # The prepared DataLoaders being iterated, innermost last.
-    active_dataloaders: list = field(default_factory=list)
-    # GradientAccumulationPlugin's switches
-    sync_with_dataloader: bool = True
-    adjust_scheduler: bool = True
-    sync_each_batch: bool = False
+    _shared_state: dict[str, Any] = {}
+
+    def __init__(
+        self,
+        gradient_accumulation_plugin: Any = None,
+        *,
+        num_steps: int | None = None,
+        sync_with_dataloader: bool | None = None,
+        adjust_scheduler: bool | None = None,
+        sync_each_batch: bool | None = None,
+    ) -> None:
+        self.__dict__ = self._shared_state
+        if not self._shared_state:
+            self.num_steps = 1
+            self.sync_gradients = True
+            # The prepared DataLoaders being iterated, innermost last.
+            self.active_dataloaders = []
+            # GradientAccumulationPlugin's switches
+            self.sync_with_dataloader = True
+            self.adjust_scheduler = True
+            self.sync_each_batch = False
+        given = {
+            "num_steps": num_steps,
+            "sync_with_dataloader": sync_with_dataloader,
+            "adjust_scheduler": adjust_scheduler,
+            "sync_each_batch": sync_each_batch,
+        }
+        if gradient_accumulation_plugin is not None:
+            for name in given:
+                if given[name] is None:
+                    given[name] = getattr(gradient_accumulation_plugin, name, None)
+        for name, value in given.items():
+            if value is not None:
+                setattr(self, name, value)
 
     @classmethod
     def _reset_state(cls) -> None:
-        """Nothing to forget: the state lives in each Accelerator."""
+        """Forget the shared state; the next instance starts from the defaults."""
+        cls._shared_state.clear()
+
+    @property
+    def initialized(self) -> bool:
+        """Whether the shared state exists (False before the first instance and after a reset)."""
+        return bool(self._shared_state)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # An unpickled copy (a pickled Accelerator) keeps its own values.
+        self.__dict__ = dict(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"GradientState(num_steps={self.num_steps}, sync_gradients={self.sync_gradients}, "
+            f"end_of_dataloader={self.end_of_dataloader}, remainder={self.remainder})"
+        )
 
     @property
     def active_dataloader(self) -> Any:

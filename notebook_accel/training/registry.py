@@ -43,17 +43,23 @@ class TrainingObjects:
     def register(self, *objects: Any) -> None:
         """Add user objects to save; each needs `state_dict()` and `load_state_dict()`.
 
-        Nothing is added when one of them lacks the methods.
+        Nothing is added when one of them lacks the methods: one ValueError names
+        every such item by its position, as Accelerate's does.
         """
-        for obj in objects:
+        invalid = [
+            f"- Item at index {index}, `{type(obj).__name__}`"
+            for index, obj in enumerate(objects)
             if not (
                 callable(getattr(obj, "state_dict", None))
                 and callable(getattr(obj, "load_state_dict", None))
-            ):
-                raise TypeError(
-                    f"register_for_checkpointing got a {type(obj).__name__}, which has no "
-                    "state_dict() and load_state_dict() methods."
-                )
+            )
+        ]
+        if invalid:
+            raise ValueError(
+                "register_for_checkpointing needs objects with state_dict() and "
+                "load_state_dict() methods (prepare models, optimizers and schedulers instead, "
+                "or wrap other values in such an object). These have not:\n" + "\n".join(invalid)
+            )
         self.custom_objects.extend(objects)
 
     def counts(self) -> dict[str, int]:

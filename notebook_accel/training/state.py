@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from notebook_accel.config import accelerate_env
 from notebook_accel.config.kwargs import InitProcessGroupKwargs
 from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.platforms.base import DistributedType, Platform
@@ -132,6 +133,8 @@ class PartialState(_Place):
         self.__dict__ = PartialState._shared_state
         init_kwargs = kwargs.get("init_process_group_kwargs")
         launch = LaunchSettings.from_env()
+        # Accelerate's ACCELERATE_USE_CPU comes below a launch of ours, which chose the device.
+        cpu = cpu or (launch is None and accelerate_env.use_cpu())
         platform = _platform(cpu, launch)
         if self.__dict__.get("_key") == _placement_key(platform):
             return
@@ -148,14 +151,17 @@ class PartialState(_Place):
             distributed_type=process.distributed_type,
             backend=process.platform.process_group_backend if process.use_distributed else None,
         )
+        if accelerate_env.debug_mode():
+            self.debug = True
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names the shared state lacks: after `_reset_state()`.
         if name.startswith("__") or name in ("_key", "platform_name"):
             raise AttributeError(name)
         kind = type(self).__name__
+        # Python's own wording first: code matches on it, as it does under Accelerate.
         raise AttributeError(
-            f"`{kind}` object has no attribute `{name}`. This happens if "
+            f"{kind!r} object has no attribute {name!r}. This happens if "
             f"`{kind}._reset_state()` was called after this object (or an Accelerator) was "
             "made: its state is gone. Make a new Accelerator or state object."
         )

@@ -135,7 +135,7 @@ def test_a_different_set_of_objects_is_refused(tmp_path):
 
 
 def test_register_for_checkpointing_needs_state_dict_methods():
-    with pytest.raises(TypeError, match="no state_dict"):
+    with pytest.raises(ValueError, match=r"state_dict\(\) and load_state_dict\(\)"):
         Accelerator().register_for_checkpointing(object())
 
 

@@ -98,11 +98,14 @@ def test_the_fp16_scaler_is_the_precision_settings_own_and_survives_free_memory(
     assert accelerator._objects.scaler is accelerator.scaler
 
 
-def test_an_object_without_state_dict_methods_is_refused_and_nothing_is_added():
+def test_objects_without_state_dict_methods_are_refused_all_named_and_nothing_is_added():
     objects = TrainingObjects()
     kept = Counter()
-    with pytest.raises(TypeError, match="register_for_checkpointing got a object"):
-        objects.register(kept, object())
+    with pytest.raises(ValueError) as refused:
+        objects.register(kept, object(), torch.ones(2), kept)
+    message = str(refused.value)
+    assert "Item at index 1, `object`" in message and "Item at index 2, `Tensor`" in message
+    assert "index 0" not in message and "index 3" not in message
     assert objects.custom_objects == []
     objects.register(kept)
     assert objects.custom_objects == [kept]

@@ -10,9 +10,11 @@ the file), and obtained from the first of these that has it:
    `examples/` in it (or a checkout of the repository);
 2. the cache, `~/.cache/notebook_accel/accelerate-examples/<blob id>/<name>.py`
    (`NOTEBOOK_ACCEL_CACHE` moves it), filled by the sources below;
-3. the accelerate sdist from the package index (`pip download`), should a
+3. `shared/accelerate-examples` beside the project root (`../shared/...` from it),
+   where the project's machines and CI keep the pinned scripts with their licence;
+4. the accelerate sdist from the package index (`pip download`), should a
    release ship `examples/` again;
-4. the repository on GitHub at the pinned commit.
+5. the repository on GitHub at the pinned commit.
 
 A file whose blob id differs is refused, so whatever the source, the scripts
 run exactly as released. The pinned files are those of Accelerate v1.14.0,
@@ -61,6 +63,8 @@ SCRIPTS = {
 }
 
 ENV_DIRECTORY = "NOTEBOOK_ACCEL_ACCELERATE_EXAMPLES"
+# The project root's sibling shared/ folder (resolved from this file, not the working directory).
+SHARED_COPY = Path(__file__).resolve().parents[2].parent / "shared" / "accelerate-examples"
 
 
 class ScriptsUnavailable(RuntimeError):
@@ -144,6 +148,8 @@ def _sources() -> list[tuple[str, object]]:
     if os.environ.get(ENV_DIRECTORY):
         root = Path(os.environ[ENV_DIRECTORY])
         sources.append((f"{ENV_DIRECTORY}={root}", lambda names: _from_directory(root, names)))
+    if SHARED_COPY.is_dir():
+        sources.append((str(SHARED_COPY), lambda names: _from_directory(SHARED_COPY, names)))
     sources.append((f"the accelerate {SDIST_VERSION} sdist", _from_sdist))
     sources.append(("GitHub", _from_github))
     return sources

@@ -58,8 +58,8 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "cv_example": (["--data_dir", "{images}"], {}),
     "complete_nlp_example": ([*TRACKING, *CHECKPOINTS], {}),
     "complete_cv_example": (["--data_dir", "{images}", *TRACKING, *CHECKPOINTS], {}),
-    # starts at 256 a batch (48 rows per worker); the model refuses more than 40: 256, 128
-    # and 64 run out of memory, 32 fits (8 accumulation steps)
+    # starts at 256 a batch; the model refuses more than 40: each library multiplies the
+    # batch by 0.9 after each out-of-memory until one fits
     "by_feature/automatic_gradient_accumulation": ([], {"OFFLINE_HUB_MAX_BATCH": "40"}),
     "by_feature/checkpointing": (
         ["--checkpointing_steps", "2", "--output_dir", "{work}/checkpoints"],

@@ -1,0 +1,186 @@
+"""Each tracker Accelerate supports, against the real package, offline, read back from what the
+package itself wrote (its store, run directory or repository), not from our own calls.
+
+A run logs two steps and a config through `Accelerator(log_with=name)` in a fresh
+interpreter (so the package's background services and settings end with it), then the
+test reads the package's files. The packages are dev dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+RUN = """
+import sys
+from notebook_accel import Accelerator
+
+name, folder, kwargs = sys.argv[1], sys.argv[2], eval(sys.argv[3])
+accelerator = Accelerator(log_with=name, project_dir=folder)
+accelerator.init_trackers("proj", config={"lr": 0.1, "tag": "x"}, init_kwargs=kwargs)
+accelerator.log({"loss": 0.5}, step=1)
+accelerator.log({"loss": 0.25}, step=2)
+accelerator.end_training()
+"""
+
+LOSSES = [(1, 0.5), (2, 0.25)]
+
+
+def _run(name: str, folder: Path, env: dict[str, str], kwargs: dict | None = None) -> None:
+    """One logged run of tracker `name` in a fresh interpreter, with `folder` as its cwd."""
+    import os
+
+    pytest.importorskip(name, reason=f"{name} (a dev dependency) is not installed")
+    environment = {**os.environ, **env}
+    done = subprocess.run(
+        [sys.executable, "-c", RUN, name, str(folder), repr(kwargs or {})],
+        cwd=folder,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=150,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+def test_mlflow_writes_the_metrics_and_params_into_its_file_store(tmp_path):
+    # MLflow 3 keeps its file store only on request; it is the store that needs no server.
+    store = tmp_path / "mlruns"
+    _run(
+        "mlflow",
+        tmp_path,
+        {"MLFLOW_TRACKING_URI": store.as_uri(), "MLFLOW_ALLOW_FILE_STORE": "true"},
+    )
+    (metrics,) = store.glob("*/*/metrics/loss")
+    rows = [line.split() for line in metrics.read_text().splitlines()]
+    assert [(int(step), float(value)) for _, value, step in rows] == LOSSES
+    params = metrics.parent.parent / "params"
+    assert (params / "lr").read_text() == "0.1" and (params / "tag").read_text() == "x"
+    name = (metrics.parent.parent.parent / "meta.yaml").read_text()
+    assert "name: proj" in name
+
+
+def _wandb_records(path: Path):
+    """The protobuf records of a wandb run file (a LevelDB-style log after a 7-byte header)."""
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B", "not a wandb run file"
+    position, block, pending = 7, 32768, b""
+    while position + 7 <= len(data):
+        left = block - position % block
+        length, kind = (
+            int.from_bytes(data[position + 4 : position + 6], "little"),
+            data[position + 6],
+        )
+        if left < 7 or kind == 0:  # a block's zero padding
+            position += left
+            continue
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a whole record, or the last piece of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            yield record
+
+
+def test_wandb_offline_writes_the_history_and_config_into_its_run_directory(tmp_path):
+    _run("wandb", tmp_path, {"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path)})
+    (run_file,) = tmp_path.glob("wandb/offline-run-*/run-*.wandb")
+    history, config, project = [], {}, None
+    for record in _wandb_records(run_file):
+        kind = record.WhichOneof("record_type")
+        if kind == "history":
+            items = {
+                item.key or "/".join(item.nested_key): item.value_json
+                for item in record.history.item
+            }
+            if "loss" in items:
+                history.append((int(items["_step"]), json.loads(items["loss"])))
+        elif kind == "config":
+            config.update({item.key: json.loads(item.value_json) for item in record.config.update})
+        elif kind == "run":
+            project = record.run.project
+    assert history == LOSSES
+    assert (config["lr"], config["tag"], project) == (0.1, "x", "proj")
+
+
+def test_dvclive_writes_the_metrics_and_params_files(tmp_path):
+    folder = tmp_path / "dvclive"
+    _run("dvclive", tmp_path, {}, {"dvclive": {"dir": str(folder), "save_dvc_exp": False}})
+    rows = (folder / "plots" / "metrics" / "loss.tsv").read_text().splitlines()
+    assert rows[0].split("\t") == ["step", "loss"]
+    assert [(int(s), float(v)) for s, v in (row.split("\t") for row in rows[1:])] == LOSSES
+    assert yaml.safe_load((folder / "params.yaml").read_text()) == {"lr": 0.1, "tag": "x"}
+
+
+def test_trackio_writes_the_run_into_its_local_database(tmp_path):
+    _run("trackio", tmp_path, {"TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HOME": str(tmp_path)})
+    with sqlite3.connect(tmp_path / "trackio" / "proj.db") as db:
+        rows = db.execute("select step, metrics from metrics order by step").fetchall()
+        (config,) = db.execute("select config from configs").fetchall()
+    assert [(step, json.loads(values)["loss"]) for step, values in rows] == LOSSES
+    assert {k: v for k, v in json.loads(config[0]).items() if not k.startswith("_")} == {
+        "lr": 0.1,
+        "tag": "x",
+    }
+
+
+def test_swanlab_local_mode_writes_the_metric_log_and_config(tmp_path):
+    _run(
+        "swanlab",
+        tmp_path,
+        {"SWANLAB_MODE": "local", "SWANLAB_LOG_DIR": str(tmp_path / "swanlog")},
+    )
+    (run,) = (tmp_path / "swanlog").glob("run-*")
+    logged = [
+        json.loads(line)
+        for log in sorted((run / "logs").glob("*/*.log"))
+        for line in log.read_text().splitlines()
+    ]
+    assert [(entry["index"], entry["data"]) for entry in logged] == LOSSES
+    config = yaml.safe_load((run / "files" / "config.yaml").read_text())
+    assert (config["lr"]["value"], config["tag"]["value"]) == (0.1, "x")
+
+
+def test_comet_offline_writes_the_metrics_and_parameters_into_its_archive(tmp_path):
+    _run(
+        "comet_ml",
+        tmp_path,
+        {"COMET_OFFLINE_DIRECTORY": str(tmp_path / "comet")},
+        {"comet_ml": {"online": False}},
+    )
+    (archive,) = (tmp_path / "comet").glob("*.zip")
+    with zipfile.ZipFile(archive) as opened:
+        messages = [json.loads(line) for line in opened.read("messages.json").splitlines()]
+    payloads = [m.get("payload", m) for m in messages]
+    metrics = [p["metric"] for p in payloads if isinstance(p.get("metric"), dict)]
+    assert [(m["step"], m["metricValue"]) for m in metrics if m["metricName"] == "loss"] == LOSSES
+    # Comet also records the program's arguments by itself ("source": "auto"), and the
+    # step set_step() gave ("curr_step")
+    params = [p["param"] for p in payloads if "param" in p]
+    mine = {p["paramName"]: p["paramValue"] for p in params if p.get("source") == "manual"}
+    assert mine == {"lr": 0.1, "tag": "x", "curr_step": 2}
+
+
+def test_clearml_offline_writes_the_scalars_into_its_session(tmp_path):
+    _run(
+        "clearml",
+        tmp_path,
+        {"CLEARML_OFFLINE_MODE": "1", "CLEARML_CACHE_DIR": str(tmp_path / "clearml")},
+    )
+    (session,) = [p for p in (tmp_path / "clearml" / "offline").glob("offline-*") if p.is_dir()]
+    lines = (session / "metrics.jsonl").read_text().splitlines()
+    events = [event for line in lines for event in json.loads(line)]  # a list of events a line
+    scalars = [e for e in events if e.get("type") == "training_stats_scalar"]
+    assert [(e["iter"], e["value"]) for e in scalars if e["metric"] == "loss"] == LOSSES
+    task = json.loads((session / "task.json").read_text())
+    assert task["name"] == "proj"
