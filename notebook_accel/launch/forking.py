@@ -135,6 +135,28 @@ def interrupts_deferred() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def heap_frozen() -> Iterator[None]:
+    """While the block forks, the children's garbage collector leaves this process's
+    objects alone (`gc.freeze()`, as CPython's gc documentation advises before a fork).
+
+    A child inherits this process's uncollected garbage, and its first full
+    collection would run those objects' destructors in a process where their
+    runtime's threads are gone: a Ray connection that a cell or an earlier run left
+    behind (a GlobalStateAccessor, whose destructor shuts down gRPC's queues) crashed
+    forked FSDP workers with SIGSEGV when they collected. Frozen, what a child
+    inherits is never collected there; the parent unfreezes after forking, unless
+    its own code had frozen objects before (gc cannot tell ours from theirs).
+    """
+    frozen_before = gc.get_freeze_count()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        if not frozen_before:
+            gc.unfreeze()
+
+
+@contextlib.contextmanager
 def guarded() -> Iterator[None]:
     """Both: no other launch forks, and an interrupt waits, until the block ends."""
     with interrupts_deferred(), fork_lock():

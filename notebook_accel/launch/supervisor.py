@@ -43,6 +43,7 @@ from notebook_accel.launch.forking import (
     StopOnInterrupt,
     close_parent_only,
     guarded,
+    heap_frozen,
     interrupts_deferred,
     kill_group,
     parent_only,
@@ -434,7 +435,7 @@ class WorkerGroup(WorkerGroupBase):
         # that stop() does not know about: it waits until every worker is known.
         # The fork lock keeps another launch's thread out of store creation and
         # name lookups while these forks copy the process.
-        with guarded():
+        with guarded(), heap_frozen():
             self._janitor.start()
             if self.spec.start_method == "spawn":
                 self._start_fresh()

@@ -124,6 +124,9 @@ def worker_main(
     # A child keeps the forking thread's signal mask: a cluster's agent forks from one
     # of Ray's threads, which block SIGINT and SIGTERM. The launcher's signals must land.
     signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    # The launcher ends a worker with SIGTERM: a handler the forking process has must
+    # not run here (Ray's, in a kernel that started a Ray cluster, stops that cluster).
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # Lead a process group of its own: whatever this worker starts stays in it,
     # and the launcher (or its janitor) ends the group with the launch.
     os.setpgid(0, 0)
@@ -134,7 +137,10 @@ def worker_main(
     _set_environment(spec, local_rank)
     if spec.own_main:
         # The notebook's names (and a live worker's namespace) get a module of their own
-        # rather than the forking process's program (a cluster agent's is Ray's).
+        # rather than the forking process's program (a cluster agent's is Ray's), which
+        # stays referenced: its objects' destructors must not run in this process.
+        global _FORKING_PROCESS_MAIN
+        _FORKING_PROCESS_MAIN = sys.modules["__main__"]
         sys.modules["__main__"] = types.ModuleType("__main__")
 
     import torch
@@ -168,6 +174,9 @@ def worker_main(
                 pass
         os._exit(exitcode)
 
+
+# The forking process's __main__, kept alive in a worker that has its own (own_main).
+_FORKING_PROCESS_MAIN: types.ModuleType | None = None
 
 # This worker's event channel, and for live workers the pipe calls arrive on.
 _CHANNEL: ChannelWriter | None = None
