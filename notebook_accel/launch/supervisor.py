@@ -181,6 +181,38 @@ class LineBuffer:
         return [rest.decode(errors="replace") + "\n"] if rest else []
 
 
+class FatalReport:
+    """The Python stacks a worker's faulthandler writes to stderr as it crashes.
+
+    A worker killed by a fatal signal (SIGSEGV in a C extension) sends no
+    exception; its stack is these lines, from "Fatal Python error" to the list
+    of extension modules, kept for the WorkerError.
+    """
+
+    START = "Fatal Python error:"
+    END = "Extension modules:"
+    MAX_LINES = 200
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._open = False
+
+    def feed(self, line: str) -> None:
+        """Look at one line of the worker's stderr."""
+        if line.startswith(self.START):
+            self.lines, self._open = [], True
+        if not self._open:
+            return
+        if line.startswith(self.END) or len(self.lines) >= self.MAX_LINES:
+            self._open = False
+            return
+        self.lines.append(line)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
 @dataclass
 class _Worker:
     rank: int
@@ -196,6 +228,8 @@ class _Worker:
     where: str = ""
     # Why it can no longer be reached (its node left the cluster); empty while it can.
     lost: str = ""
+    # What faulthandler wrote to its stderr when it crashed (a fatal signal).
+    fatal: FatalReport = field(default_factory=FatalReport)
 
     @property
     def ended(self) -> bool:
@@ -333,6 +367,8 @@ class WorkerGroupBase:
 
     def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
         for line in lines:
+            if pipe.stream == "stderr":
+                pipe.worker.fatal.feed(line)
             self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
 
     def _on_event(self, worker: _Worker, event: RunEvent) -> None:
@@ -376,7 +412,7 @@ class WorkerGroupBase:
             WorkerFailure(
                 rank=worker.rank,
                 exitcode=worker.exitcode,
-                traceback=worker.error.traceback if worker.error else "",
+                traceback=worker.error.traceback if worker.error else worker.fatal.text,
                 exception=worker.error.exception if worker.error else "",
                 where=worker.where,
                 lost=worker.lost,

@@ -423,6 +423,10 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     os.close(stderr_fd)
     sys.stdout = _text_stream(1)
     sys.stderr = _text_stream(2)
+    # Installed afresh: in a process where faulthandler was already on (pytest, a
+    # kernel), enable() only changes its file, and a crash handler a library installed
+    # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.
+    faulthandler.disable()
     faulthandler.enable(file=sys.stderr)
     for handler in _all_stream_handlers():
         which = old_streams.get(id(handler.stream))

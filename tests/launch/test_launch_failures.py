@@ -235,3 +235,38 @@ def test_killing_the_launcher_ends_the_workers_and_what_they_started(tmp_path):
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait(10)
+
+
+CRASHING_SCRIPT = """
+import faulthandler, signal
+from notebook_accel import WorkerError, notebook_launcher
+
+faulthandler.enable()  # as pytest and Jupyter kernels do
+# ...and then a library puts its own crash handler in place (Ray does in ray.init)
+signal.signal(signal.SIGSEGV, signal.SIG_DFL)
+
+def rank1_crashes_in_c():
+    import ctypes, os, time
+    if os.environ["RANK"] == "1":
+        ctypes.string_at(0)
+    time.sleep(600)
+
+try:
+    notebook_launcher(rank1_crashes_in_c, num_processes=2, backend="cpu", live=False)
+except WorkerError as error:
+    assert error.rank == 1 and error.exitcode == -signal.SIGSEGV, str(error)
+    print(error.traceback)
+"""
+
+
+def test_a_crashed_rank_s_python_stack_is_in_its_worker_error(tmp_path):
+    script = tmp_path / "crash.py"
+    script.write_text(CRASHING_SCRIPT)
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=100
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    stack = done.stdout
+    assert stack.startswith("Fatal Python error: Segmentation fault"), done.stdout + done.stderr
+    assert "line 12 in rank1_crashes_in_c" in stack
+    assert "Extension modules" not in stack
