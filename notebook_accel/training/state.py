@@ -154,17 +154,34 @@ class PartialState(_Place):
         if accelerate_env.debug_mode():
             self.debug = True
 
+    # What the shared state holds once made: asked for after `_reset_state()`, their
+    # absence is explained; any other name is an ordinary missing attribute.
+    _known_attributes = frozenset(
+        {
+            "process_index",
+            "num_processes",
+            "local_process_index",
+            "local_num_processes",
+            "device",
+            "distributed_type",
+            "backend",
+            "debug",
+        }
+    )
+
     def __getattr__(self, name: str) -> Any:
-        # Only reached for names the shared state lacks: after `_reset_state()`.
+        # Only reached for names the shared state lacks. Accelerate's two wordings, which
+        # code matches on: its own for a state that was reset, Python's for the rest.
         if name.startswith("__") or name in ("_key", "platform_name"):
             raise AttributeError(name)
         kind = type(self).__name__
-        # Python's own wording first: code matches on it, as it does under Accelerate.
-        raise AttributeError(
-            f"{kind!r} object has no attribute {name!r}. This happens if "
-            f"`{kind}._reset_state()` was called after this object (or an Accelerator) was "
-            "made: its state is gone. Make a new Accelerator or state object."
-        )
+        if name in self._known_attributes:
+            raise AttributeError(
+                f"`{kind}` object has no attribute `{name}`. This happens if "
+                f"`{kind}._reset_state()` was called and an `Accelerator` or `{kind}` was "
+                "not reinitialized: make a new Accelerator or state object."
+            )
+        raise AttributeError(f"{kind!r} object has no attribute {name!r}")
 
     @classmethod
     def _reset_state(cls) -> None:
@@ -282,6 +299,7 @@ class AcceleratorState(PartialState):
     """
 
     _shared_state: dict[str, Any] = {}
+    _known_attributes = PartialState._known_attributes | {"mixed_precision", "fsdp_plugin"}
 
     def __init__(
         self, cpu: bool = False, mixed_precision: str | None = None, **kwargs: Any

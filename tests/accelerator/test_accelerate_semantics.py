@@ -179,11 +179,16 @@ def test_a_pickled_accelerator_keeps_its_own_gradient_state():
 
 
 @pytest.mark.parametrize("kind", [PartialState, AcceleratorState])
-def test_a_state_used_after_a_reset_raises_pythons_attribute_error(kind):
+def test_a_state_used_after_a_reset_raises_accelerate_s_attribute_errors(kind):
     state = kind()
     kind._reset_state()
     with pytest.raises(AttributeError) as raised:
         state.someotherthing  # noqa: B018
+    # A name the state never had: Python's own wording.
+    assert str(raised.value) == f"'{kind.__name__}' object has no attribute 'someotherthing'"
+    with pytest.raises(AttributeError) as raised:
+        state.process_index  # noqa: B018
+    # What the reset took away: Accelerate's wording, which its test scripts match on.
     message = str(raised.value)
-    assert message.startswith(f"'{kind.__name__}' object has no attribute 'someotherthing'")
-    assert "_reset_state()" in message
+    assert message.startswith(f"`{kind.__name__}` object has no attribute `process_index`")
+    assert f"This happens if `{kind.__name__}._reset_state()`" in message
