@@ -60,7 +60,7 @@ def connect(address: str | None) -> str:
         return "a Ray cluster of this machine alone"
     _check_reachable(address)
     try:
-        ray.init(address=address, log_to_driver=False, logging_level="warning")
+        _init(ray, address)
     except ConnectionError as error:
         raise ConnectionError(
             f"cannot connect to the Ray cluster at {address!r} ({error}). Start one with "
@@ -69,6 +69,26 @@ def connect(address: str | None) -> str:
         ) from None
     _CONNECTED_WITH = address
     return f"the Ray cluster at {address}"
+
+
+# Ray Client's server on the head starts a process for each driver that connects, and
+# that process dies now and then as it is forked (ray-project/ray#63202: about 7% of
+# connections); the connection then fails with "Initialization failure from server".
+# Each new attempt gets a new process.
+CLIENT_ATTEMPTS = 3
+CLIENT_SERVER_FAILED = "Initialization failure from server"
+
+
+def _init(ray: Any, address: str) -> None:
+    """ray.init at `address`, again when Ray Client's server failed to start its side."""
+    for attempt in range(1, CLIENT_ATTEMPTS + 1):
+        try:
+            ray.init(address=address, log_to_driver=False, logging_level="warning")
+            return
+        except ConnectionAbortedError as error:
+            # A failed Ray Client connection is disconnected before it raises.
+            if CLIENT_SERVER_FAILED not in str(error) or attempt == CLIENT_ATTEMPTS:
+                raise
 
 
 # The address this process connected with here (Ray Client does not say it back).

@@ -9,7 +9,9 @@ import time
 import pytest
 
 from notebook_accel import notebook_launcher
+from notebook_accel.launch.cluster import connect as connect_module
 from notebook_accel.launch.cluster.agent import AgentInfo
+from notebook_accel.launch.cluster.connect import CLIENT_ATTEMPTS, CLIENT_SERVER_FAILED
 from notebook_accel.launch.cluster.pool import _places
 from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
 from tests_support import free_port
@@ -169,3 +171,36 @@ def test_an_address_nothing_answers_at_is_refused_quickly_and_nothing_starts(sch
     assert f"REFUSED cannot reach the Ray cluster at {address!r}" in done.stdout, done.stderr
     assert "Nothing was started" in done.stdout
     assert "CONNECTED False" in done.stdout
+
+
+class FlakyClientServer:
+    """ray.init through Ray Client, whose server's process for this driver dies at start
+    `failures` times (ray-project/ray#63202) and then starts."""
+
+    def __init__(self, failures: int, message: str = CLIENT_SERVER_FAILED) -> None:
+        self.failures, self.message, self.calls = failures, message, 0
+
+    def init(self, address: str, **kwargs) -> None:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise ConnectionAbortedError(f"{self.message}:\nTraceback ... ZombieProcess")
+
+
+def test_a_client_server_that_failed_to_start_is_asked_again():
+    ray = FlakyClientServer(failures=CLIENT_ATTEMPTS - 1)
+    connect_module._init(ray, "ray://127.0.0.1:10001")
+    assert ray.calls == CLIENT_ATTEMPTS
+
+
+def test_a_client_server_that_never_starts_fails_after_the_last_attempt():
+    ray = FlakyClientServer(failures=CLIENT_ATTEMPTS)
+    with pytest.raises(ConnectionAbortedError, match=CLIENT_SERVER_FAILED):
+        connect_module._init(ray, "ray://127.0.0.1:10001")
+    assert ray.calls == CLIENT_ATTEMPTS
+
+
+def test_other_refusals_are_not_asked_again():
+    ray = FlakyClientServer(failures=1, message="Version mismatch")
+    with pytest.raises(ConnectionAbortedError, match="Version mismatch"):
+        connect_module._init(ray, "ray://127.0.0.1:10001")
+    assert ray.calls == 1
