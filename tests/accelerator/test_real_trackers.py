@@ -37,7 +37,7 @@ def _run(name: str, folder: Path, env: dict[str, str], kwargs: dict | None = Non
     """One logged run of tracker `name` in a fresh interpreter, with `folder` as its cwd."""
     import os
 
-    pytest.importorskip(name, reason=f"{name} (a dev dependency) is not installed")
+    pytest.importorskip(name, reason=f'{name} is not installed: pip install -e ".[dev,trackers]"')
     environment = {**os.environ, **env}
     done = subprocess.run(
         [sys.executable, "-c", RUN, name, str(folder), repr(kwargs or {})],
