@@ -101,9 +101,13 @@ class LocalCluster:
 
 
 def start_cluster(
-    directory: Path, nodes: int = 2, fast_health_checks: bool = False
+    directory: Path,
+    nodes: int = 2,
+    fast_health_checks: bool = False,
+    node_args: dict | None = None,
 ) -> LocalCluster:
-    """A head and `nodes - 1` more nodes of 1 CPU each; this process connects as a driver."""
+    """A head and `nodes - 1` more nodes of 1 CPU each (or `node_args`); this process
+    connects as a driver."""
     head_disk = directory / "node0"
     head_disk.mkdir(parents=True)
     head_args = {**NODE_ARGS, "env_vars": {"NODE_DISK": str(head_disk)}}
@@ -114,7 +118,7 @@ def start_cluster(
     cluster = Cluster(initialize_head=True, head_node_args=head_args)
     local = LocalCluster(cluster, directory, {cluster.head_node.node_id: head_disk})
     for _ in range(nodes - 1):
-        local.add_node()
+        local.add_node(**(node_args or {}))
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, log_to_driver=False)
     return local
