@@ -5,7 +5,8 @@
 #
 # Each creates what it needs on first use: .venv with the CPU build of torch
 # first (a plain `torch` requirement would pull the CUDA wheels, several GB),
-# then this package with its dev extras; for the tests also Debian's chromium,
+# then this package with its dev extras; for the tests also the experiment trackers
+# in .venv-trackers and Debian's chromium,
 # through apt when it is missing and this runs as root (or sudo needs no
 # password). `.ci/run` calls `make test` too.
 
@@ -17,12 +18,12 @@ BIN := $(VENV)/bin
 REQUIRE_BROWSER_TESTS ?= 1
 PYTEST_ARGS ?=
 
-.PHONY: demo test env browser
+.PHONY: demo test env browser trackers
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m notebook_accel.demo
 
-test: $(VENV)/.installed browser
+test: $(VENV)/.installed browser trackers
 	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
@@ -34,6 +35,11 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $@
+
+# The experiment trackers in an environment of their own beside .venv, for the
+# real-tracker tests (see tests/accelerator/tracker_env.py); reused once built.
+trackers: $(VENV)/.installed
+	timeout 900 $(BIN)/python tests/accelerator/tracker_env.py
 
 # Bounded, so that a stuck mirror fails the run instead of hanging it.
 browser:
