@@ -9,6 +9,7 @@
 # in .venv-trackers and Debian's chromium,
 # through apt when it is missing and this runs as root (or sudo needs no
 # password). `.ci/run` calls `make test` too.
+# `make docs` builds the documentation site (mkdocs.yml, docs/) into site/, offline.
 
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -17,8 +18,10 @@ BIN := $(VENV)/bin
 # 0 lets the browser tests skip where chromium cannot be installed.
 REQUIRE_BROWSER_TESTS ?= 1
 PYTEST_ARGS ?=
+# Where `make docs` puts the site.
+SITE ?= site
 
-.PHONY: demo test env browser trackers
+.PHONY: demo test env browser trackers docs
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m notebook_accel.demo
@@ -27,6 +30,11 @@ test: $(VENV)/.installed browser trackers
 	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
+
+# Strict: a broken link, a missing docstring or any other warning fails the build
+# (NO_MKDOCS_2_WARNING quiets a banner Material prints on every build).
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict --site-dir $(SITE)
 
 # Redone when pyproject.toml changes (a new dependency).
 $(VENV)/.installed: pyproject.toml

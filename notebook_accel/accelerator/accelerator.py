@@ -78,13 +78,16 @@ class Accelerator:
             DistributedDataParallelKwargs (with a communication hook),
             InitProcessGroupKwargs and ProfileKwargs objects.
         step_scheduler_with_optimizer: schedulers advance only with real optimizer steps.
-        project_dir / project_config: where the project's files go.
+        project_dir: where the project's files go (checkpoints, logs).
+        project_config: a `ProjectConfiguration`: the project's directory and how its
+            checkpoints are named and kept.
         device_placement: move models and batches to the device.
         fsdp_plugin: shard models with FSDP2 instead of wrapping them in DDP
             (None: the launch's `fsdp` settings, else DDP).
-        dynamo_backend / dynamo_plugin / compile: `torch.compile` models in
-            `prepare` with this backend ("inductor", "aot_eager", ...), these
-            settings, or (`compile=True`) the default backend.
+        dynamo_backend: `torch.compile` models in `prepare` with this backend
+            ("inductor", "aot_eager", ...).
+        dynamo_plugin: `torch.compile` models in `prepare` with these settings.
+        compile: `torch.compile` models in `prepare` with the default backend.
         gradient_accumulation_plugin: the accumulation steps and how they sync
             (instead of `gradient_accumulation_steps`).
         log_with: experiment trackers for `log` (besides the notebook's live view):
