@@ -1,5 +1,5 @@
-"""The package's layout stays as the README draws it: no import cycle between modules, the
-packages import one way, and the root holds the public face only.
+"""The package's layout stays as docs/architecture.md draws it: no import cycle between
+modules, the packages import one way, and the root holds the public face only.
 
 Every import statement counts, wherever it is: at the top, inside a function, or
 under `if TYPE_CHECKING` (an import moved into a function to dodge a cycle is still
@@ -13,7 +13,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "notebook_accel"
 
-# What each package may import (besides itself). The README's layout section draws it.
+# What each package may import (besides itself). docs/architecture.md draws it.
 MAY_IMPORT: dict[str, set[str]] = {
     "config": set(),
     "platforms": {"config"},

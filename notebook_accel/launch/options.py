@@ -430,7 +430,8 @@ OPTIONS: dict[str, Option] = {
         Option(
             "threads_per_process",
             None,
-            "torch threads in each worker (default 1; see the README)",
+            "torch threads in each worker (default 1; see 'Threads and fork' in "
+            "docs/guides/launcher.md)",
             _whole("threads_per_process", 1, optional=True),
             "int | None",
             saved=False,

@@ -77,7 +77,8 @@ def missing_torch_xla(platform: str = "") -> str:
     if importlib.util.find_spec("torch_tpu") is not None:
         fix += (
             ". torch_tpu, PyTorch's own TPU backend, is installed here; notebook_accel "
-            "drives TPUs through torch_xla only (see the README's TPU section)"
+            "drives TPUs through torch_xla only (see the TPU section of "
+            "docs/guides/launcher.md)"
         )
     return f"the XLA backend (TPUs) needs torch_xla, which is not installed: {fix}"
 
