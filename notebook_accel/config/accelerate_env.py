@@ -9,6 +9,7 @@ LaunchSettings), then these variables, then the defaults. So a script started by
     ACCELERATE_MIXED_PRECISION             Accelerator(mixed_precision=None)
     ACCELERATE_GRADIENT_ACCUMULATION_STEPS Accelerator(gradient_accumulation_steps=None)
     ACCELERATE_USE_CPU                     Accelerator(cpu=False), PartialState(cpu=False)
+    ACCELERATE_TORCH_DEVICE                PartialState().device ("cuda:1", "cpu")
     ACCELERATE_DEBUG_MODE                  PartialState().debug (shape checks)
     ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC
                                            TorchDynamoPlugin fields left unset
@@ -66,6 +67,11 @@ def gradient_accumulation_steps(environ: Mapping[str, str] | None = None) -> int
 def use_cpu(environ: Mapping[str, str] | None = None) -> bool:
     """ACCELERATE_USE_CPU: train on the CPU even where a GPU is."""
     return flag(PREFIX + "USE_CPU", environ=environ)
+
+
+def torch_device(environ: Mapping[str, str] | None = None) -> str | None:
+    """ACCELERATE_TORCH_DEVICE: the device this process trains on, or None when unset."""
+    return _env(environ).get(PREFIX + "TORCH_DEVICE") or None
 
 
 def debug_mode(environ: Mapping[str, str] | None = None) -> bool:

@@ -126,10 +126,17 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.gradient_state = gradient_state
         self.scaler = scaler
         self.platform = platform
-        self.step_was_skipped = False
+        # Whether the last step was skipped, under Accelerate's name: code (Accelerate's
+        # own scheduler tests among it) sets it to say so.
+        self._is_overflow = False
         self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
         self.gradients_reduced = False  # set by reduce_gradients until the step
         self._stepped = False
+
+    @property
+    def step_was_skipped(self) -> bool:
+        """Whether the last step was skipped (fp16: a gradient overflowed)."""
+        return self._is_overflow
 
     @property
     def state(self) -> Any:
@@ -185,7 +192,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.reduce_gradients()
         self.gradients_reduced = False
         if self.scaler is None:
-            self.step_was_skipped = False
+            self._is_overflow = False
             result = self.optimizer.step() if closure is None else self.optimizer.step(closure)
         else:
             result = self._scaled_step(closure)
@@ -220,7 +227,7 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
                 inner.step = original
             else:
                 del inner.step
-        self.step_was_skipped = not stepped
+        self._is_overflow = not stepped
         self.gradients_unscaled = False
         return result
 

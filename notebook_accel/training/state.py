@@ -84,7 +84,10 @@ class ProcessState(_Place):
         """
         platform = _platform(cpu, launch)
         rank, world, local_rank, local_world = platform.placement()
-        device = platform.device(local_rank)
+        # Accelerate's ACCELERATE_TORCH_DEVICE comes below a launch of ours, which places
+        # each worker on its own device.
+        chosen = accelerate_env.torch_device() if launch is None else None
+        device = torch.device(chosen) if chosen else platform.device(local_rank)
         if world > 1:
             platform.join(init_kwargs or InitProcessGroupKwargs())
         ops.use_collectives(platform.collectives())

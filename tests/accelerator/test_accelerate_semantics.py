@@ -1,6 +1,6 @@
 """Accelerator behaviour that code written for Accelerate relies on, in one process.
 
-Each test names what Accelerate does; where this package chose otherwise (README,
+Each test names what Accelerate does; where this package chose otherwise (docs/porting.md,
 "Porting from Accelerate") the test says so.
 """
 
@@ -192,3 +192,19 @@ def test_a_state_used_after_a_reset_raises_accelerate_s_attribute_errors(kind):
     message = str(raised.value)
     assert message.startswith(f"`{kind.__name__}` object has no attribute `process_index`")
     assert f"This happens if `{kind.__name__}._reset_state()`" in message
+
+
+def test_an_optimizer_marked_overflowed_holds_its_schedulers_back():
+    # Accelerate's AcceleratedOptimizer keeps the skip in `_is_overflow`, which
+    # `step_was_skipped` reads; code (Accelerate's scheduler tests) sets it directly.
+    accelerator = Accelerator()
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=1.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda=lambda n: 1 - n / 10)
+    optimizer, scheduler = accelerator.prepare(optimizer, scheduler)
+    optimizer._is_overflow = False
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.9
+    optimizer._is_overflow = True
+    assert optimizer.step_was_skipped and accelerator.optimizer_step_was_skipped
+    scheduler.step()
+    assert scheduler.get_last_lr()[0] == 0.9

@@ -18,6 +18,7 @@ ACCELERATE_VARS = (
     "ACCELERATE_MIXED_PRECISION",
     "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
     "ACCELERATE_USE_CPU",
+    "ACCELERATE_TORCH_DEVICE",
     "ACCELERATE_DEBUG_MODE",
     "ACCELERATE_DYNAMO_BACKEND",
     "ACCELERATE_DYNAMO_MODE",
@@ -80,6 +81,16 @@ def test_use_cpu_skips_asking_the_hardware(monkeypatch):
     monkeypatch.setenv("ACCELERATE_USE_CPU", "no")
     with pytest.raises(AssertionError, match="the hardware was asked"):
         PartialState()
+
+
+def test_torch_device_names_the_device_below_a_launch_of_ours(monkeypatch):
+    monkeypatch.setenv("ACCELERATE_USE_CPU", "yes")
+    monkeypatch.setenv("ACCELERATE_TORCH_DEVICE", "cpu:64")
+    assert str(Accelerator().device) == "cpu:64"
+    AcceleratorState._reset_state(True)
+    for name, value in LaunchSettings("cpu", "no", 1).to_env().items():
+        monkeypatch.setenv(name, value)
+    assert str(Accelerator().device) == "cpu"
 
 
 def test_debug_mode_turns_on_the_shape_checks(monkeypatch):
