@@ -22,6 +22,8 @@ _EXPORTS = {
         "DVCLiveTracker",
         "SwanLabTracker",
         "get_available_trackers",
+        "register_tracker_class",
+        "LOGGER_TYPE_TO_CLASS",
     )
 }
 __all__ = sorted(_EXPORTS)

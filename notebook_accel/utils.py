@@ -35,6 +35,7 @@ _EXPORTS = {
     "reduce": "notebook_accel.training.ops",
     "pad_across_processes": "notebook_accel.training.ops",
     "DistributedOperationException": "notebook_accel.training.ops",
+    "CannotPadNestedTensorWarning": "notebook_accel.training.ops",
     "send_to_device": "notebook_accel.training.helpers",
     "copy_tensor_to_devices": "notebook_accel.training.helpers",
     "synchronize_rng_states": "notebook_accel.training.helpers",
@@ -63,6 +64,7 @@ _EXPORTS = {
     "clear_device_cache": "notebook_accel.accelerator.batch_size",
     "should_reduce_batch_size": "notebook_accel.accelerator.batch_size",
     "LoggerType": "notebook_accel.accelerator.tracking",
+    "check_os_kernel": "notebook_accel.platforms.os_kernel",
     # device maps and checkpoints for big models (Accelerate's accelerate.utils.modeling)
     "infer_auto_device_map": "notebook_accel.big_modeling.device_map",
     "check_device_map": "notebook_accel.big_modeling.device_map",

@@ -41,6 +41,7 @@ from notebook_accel.config.kwargs import (
     TorchDynamoPlugin,
 )
 from notebook_accel.config.settings import LaunchSettings
+from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
 from notebook_accel.training import fp8, fsdp, interrupts, ops
@@ -200,6 +201,7 @@ class Accelerator:
         self._objects = TrainingObjects(scaler=self.precision.scaler)
         self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        os_kernel.check_once()
 
     # -- who and where ------------------------------------------------------------
 

@@ -8,7 +8,8 @@ uses it on the main process only, as Accelerate does; `accelerator.log` also
 keeps feeding the notebook's live view (`notebook_accel.reporting.metrics`).
 
 A custom tracker subclasses `GeneralTracker` and sets `name`,
-`requires_logging_directory` and a `tracker` property.
+`requires_logging_directory` and a `tracker` property; passed to `log_with` as an
+object, or registered with `register_tracker_class` and then named like a built-in.
 """
 
 from __future__ import annotations
@@ -387,6 +388,8 @@ class SwanLabTracker(_ProjectRunTracker):
     package, pip_name = "swanlab", "swanlab"
 
 
+# name -> class, for log_with; register_tracker_class adds to it (Accelerate's
+# LOGGER_TYPE_TO_CLASS, the same dict)
 TRACKERS: dict[str, type[GeneralTracker]] = {
     cls.name: cls
     for cls in (
@@ -403,9 +406,52 @@ TRACKERS: dict[str, type[GeneralTracker]] = {
 }
 
 
+LOGGER_TYPE_TO_CLASS = TRACKERS
+
+
+def register_tracker_class(tracker_class: type[GeneralTracker]) -> None:
+    """Make a `GeneralTracker` subclass nameable in `log_with` by its `name`, as a built-in.
+
+    Register it before making the Accelerator that names it. `init_trackers`
+    makes it as `tracker_class(project_name, **init_kwargs[name])`, with the
+    Accelerator's logging directory after the project name when the class sets
+    `requires_logging_directory = True`. Registering a name again replaces the
+    class, with a warning.
+    """
+    if not (isinstance(tracker_class, type) and issubclass(tracker_class, GeneralTracker)):
+        raise ValueError(
+            f"register_tracker_class got {tracker_class!r}: pass a subclass of "
+            "notebook_accel.tracking.GeneralTracker (the class, not an object)."
+        )
+    name = getattr(tracker_class, "name", None)
+    if not name:
+        raise ValueError(
+            f"{tracker_class.__name__} has no name: set the class attribute `name`, the word "
+            "log_with will use for it."
+        )
+    if not hasattr(tracker_class, "requires_logging_directory"):
+        raise ValueError(
+            f"{tracker_class.__name__} must set the class attribute "
+            "`requires_logging_directory`: True if its constructor takes the logging "
+            "directory after the run name, False otherwise."
+        )
+    if name in TRACKERS:
+        warnings.warn(
+            f"A tracker named '{name}' is registered already ({TRACKERS[name].__name__}); "
+            f"{tracker_class.__name__} replaces it for log_with={name!r}.",
+            UserWarning,
+            stacklevel=2,
+        )
+    TRACKERS[name] = tracker_class
+
+
 def get_available_trackers() -> list[str]:
-    """The trackers whose package is installed (what `log_with="all"` starts)."""
-    return [name for name, cls in TRACKERS.items() if probes.package_available(cls.package)]
+    """The built-in trackers whose package is installed (what `log_with="all"` starts)."""
+    return [
+        name
+        for name, cls in TRACKERS.items()
+        if getattr(cls, "package", None) and probes.package_available(cls.package)
+    ]
 
 
 def _number(value: Any) -> Any:
@@ -431,12 +477,14 @@ class Trackers:
                 wanted.extend(get_available_trackers())
             elif str(getattr(item, "value", item)) in TRACKERS:
                 name = str(getattr(item, "value", item))
-                _require(TRACKERS[name].package, TRACKERS[name].pip_name, name)
+                if getattr(TRACKERS[name], "package", None):  # a registered class may have none
+                    _require(TRACKERS[name].package, TRACKERS[name].pip_name, name)
                 wanted.append(name)
             else:
                 raise ValueError(
                     f"log_with got {item!r}; name trackers among "
-                    f"{', '.join(['all', *TRACKERS])}, or pass GeneralTracker objects."
+                    f"{', '.join(['all', *TRACKERS])}, pass GeneralTracker objects, or "
+                    "register your class with register_tracker_class first."
                 )
         needs_dir = [
             w for w in wanted if isinstance(w, str) and TRACKERS[w].requires_logging_directory
@@ -504,9 +552,11 @@ class Trackers:
 
 __all__ = [
     "GeneralTracker",
+    "LOGGER_TYPE_TO_CLASS",
     "LoggerType",
     "TRACKERS",
     "Trackers",
     "get_available_trackers",
+    "register_tracker_class",
     *(cls.__name__ for cls in TRACKERS.values()),
 ]

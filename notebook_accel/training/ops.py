@@ -8,6 +8,7 @@ gloo and nccl, or XLA's own), which the process state installs.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -25,6 +26,11 @@ _check_shapes = False
 class DistributedOperationException(Exception):
     """A collective was called with tensors whose shapes differ across processes
     (raised instead of hanging or mixing data, when shape checking is on)."""
+
+
+class CannotPadNestedTensorWarning(UserWarning):
+    """pad_across_processes met a nested tensor, which has no one size to pad to: it is
+    returned as it is."""
 
 
 def check_shapes(on: bool) -> None:
@@ -47,7 +53,8 @@ def _verify(data: Any, operation: str, ignore_dim: int | None = None) -> None:
     if not _check_shapes or world_size() == 1:
         return
     shapes: list[tuple] = []
-    apply_to_tensors(lambda t: shapes.append(tuple(t.shape)), data)
+    # a nested tensor has no single shape: padding leaves it alone, a gather refuses it
+    apply_to_tensors(lambda t: None if t.is_nested else shapes.append(tuple(t.shape)), data)
     everyone = _collectives.all_gather_object(shapes)
 
     def comparable(shape: tuple) -> tuple:
@@ -140,6 +147,14 @@ def pad_across_processes(
     _verify(data, "pad_across_processes", ignore_dim=dim)
 
     def pad_one(tensor: torch.Tensor) -> torch.Tensor:
+        if tensor.is_nested:
+            warnings.warn(
+                "pad_across_processes leaves a nested tensor as it is: its rows have sizes "
+                "of their own. Pad it with torch.nested.to_padded_tensor first to gather it.",
+                CannotPadNestedTensorWarning,
+                stacklevel=4,
+            )
+            return tensor
         if n == 1 or tensor.ndim == 0 or not -tensor.ndim <= dim < tensor.ndim:
             return tensor
         axis = dim % tensor.ndim

@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import torch
 from torch.utils.data import DataLoader, TensorDataset
@@ -60,6 +61,11 @@ def _everything_worker():
     padded = acc.pad_across_processes(torch.ones(rank + 1, 2), dim=0, pad_index=-1)
     out["pad"] = padded.tolist()
     out["pad_first"] = acc.pad_across_processes(torch.ones(rank + 1), pad_first=True).tolist()
+    ragged = torch.nested.nested_tensor([torch.ones(rank + 1), torch.ones(2)])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out["pad_nested_same"] = acc.pad_across_processes(ragged) is ragged
+    out["pad_nested_warned"] = [type(w.message).__name__ for w in caught]
     out["broadcast"] = acc.broadcast(torch.tensor([rank * 10])).tolist()
     with acc.split_between_processes(list(range(5)), apply_padding=True) as part:
         out["split"] = part
@@ -125,6 +131,9 @@ def test_every_public_method_in_two_workers(capfd):
     assert r0["reduce_sum"] == 3.0 and r1["reduce_mean"] == 1.5
     assert r0["pad"] == [[1.0, 1.0], [-1.0, -1.0]] and r1["pad"] == [[1.0, 1.0]] * 2
     assert r0["pad_first"] == [0.0, 1.0]
+    for result in (r0, r1):  # a nested tensor has no one size to pad: left as it is, said so
+        assert result["pad_nested_same"]
+        assert result["pad_nested_warned"] == ["CannotPadNestedTensorWarning"]
     assert r0["broadcast"] == r1["broadcast"] == [0]
     assert (r0["split"], r1["split"]) == ([0, 1, 2], [3, 4, 4])
     assert (r0["split_tensor"], r1["split_tensor"]) == ([0, 1, 2], [3, 4])

@@ -14,9 +14,11 @@ import pytest
 import torch
 
 from notebook_accel import Accelerator, GeneralTracker
+from notebook_accel.accelerator import tracking
 from notebook_accel.accelerator.tracking import TRACKERS, TensorBoardTracker
 from notebook_accel.platforms import probes
 from notebook_accel.reporting import metrics
+from notebook_accel.tracking import register_tracker_class
 
 pytest.importorskip("tensorboard", reason="tensorboard (a dev dependency) is not installed")
 
@@ -119,6 +121,77 @@ def test_a_tracker_class_without_its_attributes_is_refused():
 
     with pytest.raises(NotImplementedError, match="name, requires_logging_directory, tracker"):
         Incomplete()
+
+
+@pytest.fixture
+def registry():
+    """The tracker registry, put back as it was after the test."""
+    before = dict(TRACKERS)
+    yield TRACKERS
+    TRACKERS.clear()
+    TRACKERS.update(before)
+
+
+def test_a_registered_tracker_class_is_named_in_log_with_like_a_built_in(registry, tmp_path):
+    made = []
+
+    class Registered(Recorder):
+        name = "registered"
+
+        def __init__(self, run_name, logging_dir, **kwargs):
+            super().__init__()
+            made.append((run_name, logging_dir, kwargs))
+
+    class NoDir(Recorder):
+        name = "no_dir"
+
+        def __init__(self, run_name):
+            super().__init__()
+            made.append((run_name,))
+
+    Registered.requires_logging_directory = True
+    register_tracker_class(Registered)
+    register_tracker_class(NoDir)
+    with pytest.raises(ValueError, match="`registered` requires a `logging_dir`"):
+        Accelerator(cpu=True, log_with="registered")
+    accelerator = Accelerator(cpu=True, log_with=["registered", "no_dir"], project_dir=tmp_path)
+    accelerator.init_trackers("proj", config={"a": 1}, init_kwargs={"registered": {"k": 2}})
+    accelerator.log({"x": 1.0}, step=0)
+    tracker = accelerator.get_tracker("registered")
+    accelerator.end_training()
+    assert made == [("proj", str(tmp_path), {"k": 2}), ("proj",)]
+    assert tracker.calls == ["start", ("config", {"a": 1}), ("log", {"x": 1.0}, 0, {}), "finish"]
+    assert "registered" not in tracking.get_available_trackers()  # "all" is the built-ins
+
+
+def test_register_tracker_class_refuses_what_is_not_a_tracker_class(registry):
+    with pytest.raises(ValueError, match="pass a subclass of"):
+        register_tracker_class(dict)
+    with pytest.raises(ValueError, match="pass a subclass of"):
+        register_tracker_class(Recorder())
+
+    class Nameless(GeneralTracker):
+        requires_logging_directory = False
+
+    with pytest.raises(ValueError, match="set the class attribute `name`"):
+        register_tracker_class(Nameless)
+
+    class NoFlag(GeneralTracker):
+        name = "no_flag"
+
+    with pytest.raises(ValueError, match="requires_logging_directory"):
+        register_tracker_class(NoFlag)
+    assert "no_flag" not in registry
+
+
+def test_registering_a_taken_name_replaces_the_class_with_a_warning(registry):
+    class Shadow(Recorder):
+        name = "tensorboard"
+
+    with pytest.warns(UserWarning, match="'tensorboard' is registered already"):
+        register_tracker_class(Shadow)
+    assert registry["tensorboard"] is Shadow
+    assert tracking.LOGGER_TYPE_TO_CLASS is TRACKERS  # Accelerate's name for the registry
 
 
 def _fake_module(monkeypatch, name: str, **attributes) -> types.ModuleType:
