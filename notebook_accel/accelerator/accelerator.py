@@ -44,7 +44,7 @@ from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
-from notebook_accel.training import fp8, fsdp, interrupts, ops
+from notebook_accel.training import device_maps, fp8, fsdp, interrupts, ops
 from notebook_accel.training.data import prepare_data_loader
 from notebook_accel.training.loader import DataLoaderShard, SkipFirstBatches
 from notebook_accel.training.nested import apply_to_tensors
@@ -375,7 +375,13 @@ class Accelerator:
         if any(model is prepared for prepared in self._objects.models):
             return model  # prepared already: wrapping it again would nest DDP
         self._objects.models.append(model)
-        if device_placement if device_placement is not None else self.device_placement:
+        if device_maps.is_quantized(model):
+            device_maps.check_quantized_placement(model, self.device, self.use_distributed)
+        placed_by_map = device_maps.is_quantized(model) and hasattr(model, "hf_device_map")
+        placed_by_map = placed_by_map or device_maps.spread_by_device_map(model)
+        if not placed_by_map and (
+            device_placement if device_placement is not None else self.device_placement
+        ):
             before = dict(model.named_parameters())
             model = model.to(self.device)
             # Moved to an XLA device, parameters are new objects; optimizers made
