@@ -64,7 +64,20 @@ _EXPORTS = {
     "load_model_weights": "notebook_accel.checkpoint.training_state",
     "DistributedType": "notebook_accel.platforms",
     "set_seed": "notebook_accel.training.seeding",
+    "synchronize_rng_states": "notebook_accel.training.helpers",
+    # big models (Accelerate's top-level names from accelerate.big_modeling)
+    "init_empty_weights": "notebook_accel.big_modeling.meta",
+    "init_on_device": "notebook_accel.big_modeling.meta",
+    "dispatch_model": "notebook_accel.big_modeling.dispatch",
+    "cpu_offload": "notebook_accel.big_modeling.dispatch",
+    "cpu_offload_with_hook": "notebook_accel.big_modeling.dispatch",
+    "disk_offload": "notebook_accel.big_modeling.dispatch",
+    "load_checkpoint_and_dispatch": "notebook_accel.big_modeling.loading",
+    "load_checkpoint_in_model": "notebook_accel.big_modeling.loading",
+    "infer_auto_device_map": "notebook_accel.big_modeling.device_map",
+    "prepare_pippy": "notebook_accel.big_modeling.pipeline",
     "get_logger": "notebook_accel.reporting.logging",
+    "is_rich_available": "notebook_accel.platforms.probes",
     "progress_bar": "notebook_accel.reporting.progress",
     "set_progress_hook": "notebook_accel.reporting.progress",
 }
@@ -76,6 +89,19 @@ if TYPE_CHECKING:
     from notebook_accel.accelerator.batch_size import find_executable_batch_size
     from notebook_accel.accelerator.local_sgd import LocalSGD
     from notebook_accel.accelerator.tracking import GeneralTracker, LoggerType
+    from notebook_accel.big_modeling.device_map import infer_auto_device_map
+    from notebook_accel.big_modeling.dispatch import (
+        cpu_offload,
+        cpu_offload_with_hook,
+        disk_offload,
+        dispatch_model,
+    )
+    from notebook_accel.big_modeling.loading import (
+        load_checkpoint_and_dispatch,
+        load_checkpoint_in_model,
+    )
+    from notebook_accel.big_modeling.meta import init_empty_weights, init_on_device
+    from notebook_accel.big_modeling.pipeline import prepare_pippy
     from notebook_accel.checkpoint.training_state import (
         CheckpointError,
         latest_checkpoint,
@@ -103,10 +129,12 @@ if TYPE_CHECKING:
     from notebook_accel.live import LiveWorkers, start_workers
     from notebook_accel.platforms.base import DistributedType
     from notebook_accel.platforms.hardware import Hardware
+    from notebook_accel.platforms.probes import is_rich_available
     from notebook_accel.platforms.registry import detect_hardware
     from notebook_accel.reporting.logging import get_logger
     from notebook_accel.reporting.progress import progress_bar, set_progress_hook
     from notebook_accel.training.data import prepare_data_loader, skip_first_batches
+    from notebook_accel.training.helpers import synchronize_rng_states
     from notebook_accel.training.optimizers import GradientState
     from notebook_accel.training.seeding import set_seed
     from notebook_accel.training.state import AcceleratorState, PartialState

@@ -88,6 +88,7 @@ _EXPORTS = {
     "retie_parameters": "notebook_accel.big_modeling.tensors",
     "align_module_device": "notebook_accel.big_modeling.hooks",
     "has_offloaded_params": "notebook_accel.big_modeling.hooks",
+    "get_state_dict_offloaded_model": "notebook_accel.big_modeling.hooks",
     "load_state_dict": "notebook_accel.big_modeling.loading",
     # Accelerate's accelerate.utils.other
     "extract_model_from_parallel": "notebook_accel.big_modeling.unwrap",

@@ -20,7 +20,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "reporting": {"config"},
     "training": {"config", "platforms", "reporting"},
     "checkpoint": {"config", "training"},
-    "accelerator": {"config", "platforms", "reporting", "training", "checkpoint"},
+    "accelerator": {"config", "platforms", "reporting", "training", "checkpoint", "big_modeling"},
     "big_modeling": {"training"},
     "views": {"reporting"},
     "launch": {"config", "platforms", "reporting", "training", "views"},
@@ -32,7 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # modules of ours), each a lazy re-export.
 PUBLIC_FACE = {
     *("__init__", "_lazy", "utils", "cli", "demo"),
-    *("logging", "local_sgd", "tracking", "state"),
+    *("logging", "local_sgd", "tracking", "state", "hooks"),
     *("text", "footprint"),
 }
 

@@ -6,7 +6,7 @@
     local_sgd.py    LocalSGD; comm_hooks.py: DDP communication hooks
     batch_size.py   find_executable_batch_size, release_memory
 
-May import: config, platforms, reporting, training, checkpoint.
+May import: config, platforms, reporting, training, checkpoint, big_modeling.
 """
 
 from __future__ import annotations

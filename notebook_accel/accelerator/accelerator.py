@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
@@ -500,7 +501,7 @@ class Accelerator:
         model = self.unwrap_model(model) if unwrap else model
         if fsdp.is_sharded(compiling.unwrap_compiled(model)):
             return fsdp.full_state_dict(compiling.unwrap_compiled(model))
-        return model.state_dict()
+        return _offloaded_weights_read_back(model) or model.state_dict()
 
     # -- the training step -----------------------------------------------------------
 
@@ -1023,6 +1024,8 @@ class Accelerator:
             return
         if fsdp.is_sharded(model):  # every process sends its shards to the main one
             model = fsdp.full_state_dict(model)
+        elif self.is_main_process:  # a dispatched model's offloaded weights, read back
+            model = _offloaded_weights_read_back(model) or model
         if self.is_main_process:
             training_state.save_model(model, save_directory, max_shard_size, safe_serialization)
 
@@ -1100,3 +1103,17 @@ def _sort_handlers(handlers: list[KwargsHandler]) -> dict[type, Any]:
             raise ValueError(f"kwargs_handlers has more than one {kind.__name__}; pass one.")
         found[kind] = handler
     return found
+
+
+def _offloaded_weights_read_back(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
+    """The state dict of a model with weights offloaded by dispatch_model or cpu_offload,
+    read back from where they are kept; None for any other model (its state dict holds
+    its weights). No model is offloaded before the big-model package is imported, so
+    saving any other model does not import it."""
+    if "notebook_accel.big_modeling.hooks" not in sys.modules:
+        return None
+    from notebook_accel.big_modeling import hooks
+
+    if not hooks.has_offloaded_weights(model):
+        return None
+    return hooks.get_state_dict_offloaded_model(model)

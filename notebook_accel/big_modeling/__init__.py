@@ -14,7 +14,8 @@ Accelerate's `accelerate.big_modeling` names (and the device-map helpers of
     tensors.py     set_module_tensor_to_device, named_module_tensors, tied tensors
     hooks.py       hooks around a forward, removed with what they changed put back;
                    align_module_device, get_state_dict_offloaded_model
-    dispatch.py    dispatch_model, cpu_offload, disk_offload, cpu_offload_with_hook
+    dispatch.py    dispatch_model, cpu_offload, disk_offload, cpu_offload_with_hook,
+                   attach_align_device_hook
     loading.py     load_checkpoint_in_model, load_checkpoint_and_dispatch (tensor by tensor)
     pipeline.py    prepare_pippy: one pipeline stage per launched worker
     unwrap.py      extract_model_from_parallel
@@ -32,6 +33,7 @@ from notebook_accel.big_modeling.device_map import (
 )
 from notebook_accel.big_modeling.dispatch import (
     UserCpuOffloadHook,
+    attach_align_device_hook,
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
@@ -83,6 +85,7 @@ __all__ = [
     "UserCpuOffloadHook",
     "add_hook_to_module",
     "align_module_device",
+    "attach_align_device_hook",
     "calculate_maximum_sizes",
     "check_device_map",
     "clean_device_map",

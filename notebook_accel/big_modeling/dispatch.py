@@ -1,4 +1,5 @@
-"""dispatch_model, cpu_offload, disk_offload: a model spread over devices, run as one.
+"""dispatch_model, cpu_offload, disk_offload, attach_align_device_hook: a model spread
+over devices, run as one.
 
 A plan says, before anything moves, where each tensor goes: resident on a device, or
 offloaded (kept in CPU memory or in the offload folder, on the meta device in the
@@ -32,6 +33,7 @@ from notebook_accel.big_modeling.hooks import (
 from notebook_accel.big_modeling.memory import NAMED_DEVICES
 from notebook_accel.big_modeling.offload import (
     OffloadedWeightsLoader,
+    PrefixedDataset,
     load_offload_index,
     offload_state_dict,
     offload_weight,
@@ -391,6 +393,45 @@ def disk_offload(
     weights = _weights_for(model, plan, None, offload_dir, None)
     _install(model, plan, weights, None)
     return model
+
+
+def attach_align_device_hook(
+    module: nn.Module,
+    execution_device: int | str | torch.device | None = None,
+    offload: bool = False,
+    weights_map: Mapping[str, torch.Tensor] | None = None,
+    offload_buffers: bool = False,
+    module_name: str = "",
+    skip_keys: str | Iterable[str] | None = None,
+    preload_module_classes: Iterable[str] | None = None,
+    tied_params_map: Any = None,
+) -> None:
+    """Hook `module` and its submodules to run on `execution_device` (Accelerate's function).
+
+    Without `offload`, its weights move to `execution_device` (default: where its
+    first parameter is) and each hooked forward moves its inputs there. With
+    `offload`, its weights are kept on the CPU, read from `weights_map` (names as in
+    the whole model, `module_name` being this module's prefix there; default: the
+    module's own weights), and brought to `execution_device` for each forward only.
+    `remove_hook_from_submodules(module)` puts it back as it was. Tied weights are
+    found by the plan itself, so `tied_params_map` is accepted and not needed.
+    """
+    del tied_params_map  # ties are found from the module (tensors.tied_aliases)
+    device = _execution_device_of(module, execution_device)
+    if has_hooks(module):
+        remove_hook_from_submodules(module)
+    if not offload:
+        plan = _plan(module, {"": device}, device, False, set(), offload_cpu=False)
+        weights = OffloadedWeightsLoader(state_dict={})
+    else:
+        if weights_map is None:
+            state = module.state_dict(keep_vars=True).items()
+            weights_map = {name: tensor.detach().to("cpu") for name, tensor in state}
+        elif module_name:
+            weights_map = PrefixedDataset(weights_map, f"{module_name}.")
+        plan = _offload_all(module, device, offload_buffers, preload_module_classes)
+        weights = _weights_for(module, plan, weights_map, None, None)
+    _install(module, plan, weights, skip_keys)
 
 
 def _execution_device_of(model: nn.Module, device: int | str | torch.device | None) -> torch.device:

@@ -225,6 +225,12 @@ def has_offloaded_params(module: nn.Module) -> bool:
     return isinstance(hook, DeviceHook) and bool(hook.offloaded)
 
 
+def has_offloaded_weights(model: nn.Module) -> bool:
+    """Whether any module of `model` has weights offloaded (on the meta device between
+    forwards), so that `model.state_dict()` would hold meta tensors."""
+    return any(has_offloaded_params(module) for module in model.modules())
+
+
 def _guarded_move(model: nn.Module, name: str, *args: Any, **kwargs: Any) -> nn.Module:
     """`model.to(...)`/`model.cuda(...)` of a dispatched model: refused while weights are
     offloaded (they are on the meta device), otherwise done with a warning."""

@@ -36,6 +36,8 @@ from notebook_accel.big_modeling.tensors import set_module_tensor_to_device, tie
 logger = logging.getLogger(__name__)
 
 WEIGHTS_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
+# a whole model's weights in one file, as save_model and transformers name it
+WHOLE_MODEL_FILES = ("model.safetensors", "pytorch_model.bin")
 DEVICE_MAP_STRATEGIES = ("auto", "balanced", "balanced_low_0", "sequential")
 
 
@@ -69,12 +71,19 @@ def _torch_load(path: Path) -> dict[str, torch.Tensor]:
 
 def checkpoint_shards(checkpoint: str | os.PathLike) -> list[Shard]:
     """The files of `checkpoint`: one weights file, an index json of a sharded
-    checkpoint, or a folder holding either. Every shard an index names must exist."""
+    checkpoint, or a folder holding either. Every shard an index names must exist.
+
+    In a folder, a whole-model file under the name save_model and transformers give it
+    comes first (the newer of the two if both are there), as in Accelerate, so the
+    folder may also hold other files, an offload folder's own among them."""
     path = Path(checkpoint)
     if path.is_dir():
+        whole = [path / name for name in WHOLE_MODEL_FILES if (path / name).is_file()]
         indexes = sorted(path.glob("*.index.json"))
         weights = sorted(p for p in path.iterdir() if p.suffix in WEIGHTS_SUFFIXES)
-        if len(indexes) == 1:
+        if whole:
+            path = max(whole, key=lambda file: file.stat().st_mtime_ns)
+        elif len(indexes) == 1:
             path = indexes[0]
         elif len(weights) == 1:
             path = weights[0]

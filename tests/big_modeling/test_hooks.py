@@ -12,6 +12,7 @@ from torch import nn
 
 from notebook_accel.big_modeling import (
     align_module_device,
+    attach_align_device_hook,
     cpu_offload,
     cpu_offload_with_hook,
     disk_offload,
@@ -187,3 +188,50 @@ def test_cpu_offload_with_hook_moves_the_model_in_and_the_previous_one_out():
     hook_2.remove()
     second(hidden)
     assert offloaded == ["first"]  # the hook is gone
+
+
+def test_attach_align_device_hook_offloads_or_aligns_and_is_removed_cleanly(expected):
+    model = _model()
+    start = _snapshot(model)
+    attach_align_device_hook(model, execution_device="cpu")
+    assert not has_offloaded_params(model)
+    assert not any(t.device.type == "meta" for t in model.parameters())
+    torch.testing.assert_close(_run(model), expected)
+    remove_hook_from_submodules(model)
+
+    attach_align_device_hook(model, execution_device="cpu", offload=True)
+    assert has_offloaded_params(model.blocks[0].up) and model.blocks[0].up.weight.is_meta
+    torch.testing.assert_close(_run(model), expected)
+    remove_hook_from_submodules(model)
+    _assert_as_at_start(model, start)
+
+
+def test_attach_align_device_hook_reads_a_submodule_s_weights_from_the_model_s_map(expected):
+    model = _model()
+    weights = {name: t.detach().clone() for name, t in model.state_dict().items()}
+    block = model.blocks[1]
+    block.up.weight.data.zero_()  # what runs must come from the map, not from the module
+    attach_align_device_hook(
+        block, "cpu", offload=True, weights_map=weights, module_name="blocks.1"
+    )
+    torch.testing.assert_close(_run(model), expected)
+    remove_hook_from_submodules(block)
+    torch.testing.assert_close(block.up.weight, weights["blocks.1.up.weight"])  # read back
+
+
+@pytest.mark.parametrize("safe_serialization", [True, False])
+def test_save_model_of_an_offloaded_model_writes_its_weights(safe_serialization, tmp_path):
+    from notebook_accel import Accelerator, load_checkpoint_and_dispatch
+
+    accelerator = Accelerator(cpu=True)
+    model, want = _model(), _model().state_dict()
+    dispatch_model(model, MIXED_MAP, offload_dir=tmp_path)  # the folder is the offload folder
+    assert accelerator.get_state_dict(model).keys() == want.keys()
+    accelerator.save_model(model, tmp_path, safe_serialization=safe_serialization)
+    fresh = _model()
+    for parameter in fresh.parameters():
+        parameter.data.zero_()
+    # the folder holds the offloaded tensors' files too: the whole-model file is read
+    load_checkpoint_and_dispatch(fresh, tmp_path)
+    for name, value in want.items():
+        assert torch.equal(fresh.state_dict()[name], value), name

@@ -11,8 +11,9 @@ Each file is run twice with pytest, each time in a fresh interpreter: as it is (
 Accelerate), and with every name it imports from `accelerate.X` that notebook_accel
 has imported from notebook_accel instead: from `notebook_accel.X` (the one-line port a
 user makes) where that module has the name, else from `notebook_accel.utils` (names
-of `accelerate.utils.*` submodules) or `notebook_accel`. Nothing else changes and line
-numbers stay. Names we do not have, and Accelerate's test fixtures
+of `accelerate.utils.*` submodules) or `notebook_accel`, or for big-model names
+(`accelerate.hooks`, `accelerate.utils.modeling`) `notebook_accel.big_modeling`.
+Nothing else changes and line numbers stay. Names we do not have, and Accelerate's test fixtures
 (`accelerate.test_utils`), keep coming from Accelerate.
 
 Accelerate's `AccelerateTestCase` resets Accelerate's shared state after each test;
@@ -75,6 +76,8 @@ def resolve(module: str, name: str) -> str | None:
     if module.startswith("accelerate.utils."):
         candidates.append("notebook_accel.utils")
     candidates += ["notebook_accel", "notebook_accel.utils"]
+    if module.startswith(("accelerate.hooks", "accelerate.big_modeling", "accelerate.utils")):
+        candidates.append("notebook_accel.big_modeling")  # where big-model names live
     return next((c for c in candidates if _has(c, name)), None)
 
 
