@@ -150,6 +150,38 @@ def test_dvclive_writes_the_metrics_and_params_files(tmp_path):
     assert yaml.safe_load((folder / "params.yaml").read_text()) == {"lr": 0.1, "tag": "x"}
 
 
+AIM_READER = """
+import sys
+from aim import Repo, Run
+
+repo = Repo(sys.argv[1])
+for run_hash in repo.list_all_runs():
+    run = Run(run_hash, repo=repo, read_only=True)
+    losses = [m for m in run.metrics() if m.name == "loss"]
+    steps = [list(zip(m.data.indices(), m.values.values_list())) for m in losses]
+    print(repr((run.name, run["hparams"], steps)))
+"""
+
+
+def test_aim_writes_the_run_into_its_repository(tmp_path):
+    _run("aim", tmp_path, {})
+    python = _python_with("aim")
+    # Aim's readers see a run once its repository's index holds it; its UI indexes in the
+    # background, a script does so with Aim's own command
+    index = "from aim.cli.cli import cli_entry_point; cli_entry_point()"
+    command = [python, "-c", index, "storage", "--repo", str(tmp_path), "reindex", "-y"]
+    subprocess.run(command, capture_output=True, check=True, timeout=150)
+    done = subprocess.run(
+        [python, "-c", AIM_READER, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        check=True,
+    )
+    runs = [eval(line) for line in done.stdout.splitlines()]
+    assert runs == [("proj", {"lr": 0.1, "tag": "x"}, [LOSSES])]
+
+
 def test_trackio_writes_the_run_into_its_local_database(tmp_path):
     _run("trackio", tmp_path, {"TRACKIO_DIR": str(tmp_path / "trackio"), "HF_HOME": str(tmp_path)})
     with sqlite3.connect(tmp_path / "trackio" / "proj.db") as db:

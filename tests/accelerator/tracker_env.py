@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[2]
 # What the environment was built from: rebuilt when the extra or the parent changes.
 MARKER = ".notebook_accel_trackers"
 # The import name of each package of the extra (Accelerate's tracker names).
-MODULES = ("mlflow", "wandb", "dvclive", "trackio", "swanlab", "comet_ml", "clearml")
+MODULES = ("mlflow", "wandb", "dvclive", "trackio", "swanlab", "comet_ml", "clearml", "aim")
 
 
 def venv_dir() -> Path:
