@@ -32,7 +32,7 @@ MAY_IMPORT: dict[str, set[str]] = {
 # modules of ours), each a lazy re-export.
 PUBLIC_FACE = {
     *("__init__", "_lazy", "utils", "cli", "demo"),
-    *("logging", "local_sgd", "tracking", "state", "hooks"),
+    *("logging", "local_sgd", "tracking", "state", "hooks", "data_loader"),
     *("text", "footprint"),
 }
 

@@ -46,8 +46,8 @@ from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
 from notebook_accel.training import device_maps, fp8, fsdp, interrupts, ops
-from notebook_accel.training.data import prepare_data_loader
-from notebook_accel.training.loader import DataLoaderShard, SkipFirstBatches
+from notebook_accel.training.data import prepare_data_loader, skip_first_batches
+from notebook_accel.training.loader import DataLoaderShard
 from notebook_accel.training.nested import apply_to_tensors
 from notebook_accel.training.optimizers import (
     AcceleratedOptimizer,
@@ -990,13 +990,15 @@ class Accelerator:
         )
 
     def skip_first_batches(self, dataloader: Any, num_batches: int = 0) -> Any:
-        """`dataloader` without the first `num_batches` batches of its next passes.
+        """`dataloader` without its first `num_batches` batches.
 
         For resuming in the middle of an epoch the way Accelerate does it. With a
-        prepared DataLoader the skipped batches are not read and no random
-        generator moves, so the resumed run matches an uninterrupted one.
+        prepared DataLoader the skipped batches of its next pass are not read and
+        no random generator moves, so the resumed run matches an uninterrupted
+        one. A plain DataLoader gives a DataLoader to prepare (see
+        `notebook_accel.skip_first_batches`).
         """
-        return SkipFirstBatches(dataloader, num_batches)
+        return skip_first_batches(dataloader, num_batches)
 
     def save_model(
         self,

@@ -12,12 +12,20 @@ from typing import Any
 import torch
 from torch.utils.data import BatchSampler, DataLoader, IterableDataset, RandomSampler
 
-from notebook_accel.training.loader import DataLoaderShard, SkipFirstBatches, copy_plan
+from notebook_accel.training.loader import (
+    DataLoaderDispatcher,
+    DataLoaderShard,
+    SkipBatchSampler,
+    SkipDataLoader,
+    SkipFirstBatches,
+    copy_plan,
+)
 from notebook_accel.training.optimizers import GradientState
 from notebook_accel.training.sharding import (
     BatchSamplerShard,
     IterableDatasetShard,
     SeedableRandomSampler,
+    SkipItems,
 )
 
 # DataLoader arguments copied from the original loader; sampling ones are rebuilt.
@@ -94,10 +102,15 @@ def prepare_data_loader(
     dataset = dataloader.dataset
     synchronized_generator = None
     remainder_known = not dataloader.drop_last
+    # a SkipDataLoader's skipped batches, left out before the rest is shared out
+    skip = getattr(dataloader, "skip_batches", 0) if isinstance(dataloader, SkipDataLoader) else 0
 
     if isinstance(dataset, IterableDataset):
+        if skip:
+            dataset = SkipItems(dataset, skip * (dataloader.batch_size or 1))
+            skip = 0
         dataset, batch_size, total = _shard_iterable(
-            dataloader, num_processes, process_index, split_batches
+            dataloader, dataset, num_processes, process_index, split_batches
         )
         kwargs["batch_size"] = batch_size
         if batch_size is None:
@@ -105,30 +118,19 @@ def prepare_data_loader(
         else:
             kwargs["drop_last"] = dataloader.drop_last
     else:
-        batch_sampler = dataloader.batch_sampler
-        # DataLoader(sampler=BatchSampler(...), batch_size=None): each item is a batch
-        sampler_gives_batches = batch_sampler is None and isinstance(
-            dataloader.sampler, BatchSampler
+        sharded, synchronized_generator = _shard_batch_sampler(
+            dataloader,
+            skip,
+            num_processes,
+            process_index,
+            split_batches,
+            even_batches,
+            use_seedable_sampler,
+            data_seed,
         )
-        if sampler_gives_batches:
-            batch_sampler = dataloader.sampler
-        if batch_sampler is None:
-            raise ValueError(
-                "DataLoader(batch_size=None) yields single samples and cannot be sharded by batch; "
-                "give the DataLoader a batch_size or a batch_sampler."
-            )
-        batch_sampler, synchronized_generator = _shuffling(
-            batch_sampler, num_processes, use_seedable_sampler, data_seed
-        )
-        if num_processes > 1:
-            batch_sampler = BatchSamplerShard(
-                batch_sampler, num_processes, process_index, split_batches, even_batches
-            )
-        if sampler_gives_batches:
-            kwargs.update(sampler=batch_sampler, batch_size=None)
-        else:
-            kwargs["batch_sampler"] = batch_sampler
-        size = getattr(batch_sampler, "batch_size", None)
+        kwargs.update(sharded)
+        skip = 0  # the batch sampler skips them
+        size = getattr(sharded.get("batch_sampler", sharded.get("sampler")), "batch_size", None)
         total = None if size is None else size * (1 if split_batches else num_processes)
 
     copying = copy_plan(
@@ -140,8 +142,11 @@ def prepare_data_loader(
     if copying.loader_pins:
         kwargs["pin_memory"] = True
     placed = put_on_device and platform is not None
-    return _loader_class(use_stateful_dataloader)(
+    if dispatch_batches:
+        kwargs["split_batches"] = split_batches
+    return _loader_class(use_stateful_dataloader, bool(dispatch_batches))(
         dataset,
+        skip_batches=skip,
         device=device if put_on_device else None,
         gradient_state=gradient_state or GradientState(),
         total_batch_size=total,
@@ -155,12 +160,57 @@ def prepare_data_loader(
     )
 
 
+def _batch_sampler_of(dataloader: DataLoader) -> tuple[Any, bool]:
+    """The loader's batch sampler, and whether it is its `sampler` (DataLoader(sampler=
+    BatchSampler(...), batch_size=None), whose items are batches)."""
+    if dataloader.batch_sampler is None and isinstance(dataloader.sampler, BatchSampler):
+        return dataloader.sampler, True
+    if dataloader.batch_sampler is None:
+        raise ValueError(
+            "DataLoader(batch_size=None) yields single samples and cannot be sharded by batch; "
+            "give the DataLoader a batch_size or a batch_sampler."
+        )
+    return dataloader.batch_sampler, False
+
+
+def _shard_batch_sampler(
+    dataloader: DataLoader,
+    skip: int,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
+    even_batches: bool,
+    use_seedable_sampler: bool,
+    data_seed: int | None,
+) -> tuple[dict[str, Any], torch.Generator | None]:
+    """This process's batch sampler of a map-style dataset, as DataLoader arguments, and
+    the generator to keep in step across processes. `skip`: global batches each pass
+    leaves out (a SkipDataLoader's), skipped before sharding."""
+    batch_sampler, is_sampler = _batch_sampler_of(dataloader)
+    if skip:
+        batch_sampler = SkipBatchSampler(batch_sampler, skip)
+    batch_sampler, synchronized_generator = _shuffling(
+        batch_sampler, num_processes, use_seedable_sampler, data_seed
+    )
+    if num_processes > 1:
+        batch_sampler = BatchSamplerShard(
+            batch_sampler, num_processes, process_index, split_batches, even_batches
+        )
+    if is_sampler:
+        return {"sampler": batch_sampler, "batch_size": None}, synchronized_generator
+    return {"batch_sampler": batch_sampler}, synchronized_generator
+
+
 def _shard_iterable(
-    dataloader: DataLoader, num_processes: int, process_index: int, split_batches: bool
+    dataloader: DataLoader,
+    dataset: IterableDataset,
+    num_processes: int,
+    process_index: int,
+    split_batches: bool,
 ) -> tuple[IterableDataset, int | None, int | None]:
-    """This process's share of an iterable dataset: (dataset, its loader's batch size,
-    the global batch size, None where the items are whole batches)."""
-    dataset, batch_size = dataloader.dataset, dataloader.batch_size
+    """This process's share of `dataset` (the loader's): (dataset, its loader's batch
+    size, the global batch size, None where the items are whole batches)."""
+    batch_size = dataloader.batch_size
     if batch_size is None:
         # Pre-batched data: each item is a whole batch, and goes to one process whole.
         if split_batches and num_processes > 1:
@@ -171,24 +221,26 @@ def _shard_iterable(
             )
         if num_processes > 1:
             dataset = IterableDatasetShard(
-                dataset, 1, num_processes, process_index, drop_last=dataloader.drop_last
+                dataset, 1, dataloader.drop_last, num_processes, process_index
             )
         return dataset, None, None
     if num_processes > 1:
         dataset = IterableDatasetShard(
-            dataset, batch_size, num_processes, process_index, split_batches, dataloader.drop_last
+            dataset, batch_size, dataloader.drop_last, num_processes, process_index, split_batches
         )
     total = batch_size * (1 if split_batches else num_processes)
     return dataset, batch_size // num_processes if split_batches else batch_size, total
 
 
-def _loader_class(stateful: bool) -> type[DataLoaderShard]:
-    """The prepared loader's class, made a torchdata StatefulDataLoader too when asked."""
+def _loader_class(stateful: bool, dispatch: bool) -> type[DataLoaderShard]:
+    """The prepared loader's class (named DataLoaderDispatcher under dispatch_batches, as
+    in Accelerate), made a torchdata StatefulDataLoader too when asked."""
+    base = DataLoaderDispatcher if dispatch else DataLoaderShard
     if not stateful:
-        return DataLoaderShard
+        return base
     from notebook_accel.training.stateful_data import stateful_loader_class
 
-    return stateful_loader_class(DataLoaderShard)
+    return stateful_loader_class(base)
 
 
 def _shuffling(
@@ -242,7 +294,22 @@ def _warn_dispatch() -> None:
 def skip_first_batches(dataloader: Any, num_batches: int = 0) -> Any:
     """`dataloader` without its first `num_batches` batches (Accelerate's function).
 
-    For a prepared loader the skipped batches are not read and no random
-    generator moves; a plain DataLoader's are read and dropped.
+    For a prepared loader the skipped batches of its next pass are not read and
+    no random generator moves, so a pass resumed this way after `load_state`
+    continues exactly. A plain DataLoader gives a DataLoader (which `prepare`
+    shards) whose every pass leaves them out: over a map-style dataset their
+    indices are skipped, unread, as in Accelerate; over an iterable dataset
+    they are read and dropped.
     """
-    return SkipFirstBatches(dataloader, num_batches)
+    if num_batches < 0:
+        raise ValueError(f"num_batches={num_batches}; it must be 0 or more.")
+    if isinstance(dataloader, DataLoaderShard) or not isinstance(dataloader, DataLoader):
+        return SkipFirstBatches(dataloader, num_batches)
+    kwargs = {name: getattr(dataloader, name) for name in _COPIED if hasattr(dataloader, name)}
+    if isinstance(dataloader.dataset, IterableDataset) or dataloader.batch_sampler is None:
+        kwargs.update(batch_size=dataloader.batch_size, drop_last=dataloader.drop_last)
+        if dataloader.batch_sampler is None and not isinstance(dataloader.dataset, IterableDataset):
+            kwargs["sampler"] = dataloader.sampler  # samples one by one, or batches it makes
+        return SkipDataLoader(dataloader.dataset, skip_batches=num_batches, **kwargs)
+    batch_sampler = SkipBatchSampler(dataloader.batch_sampler, num_batches)
+    return DataLoader(dataloader.dataset, batch_sampler=batch_sampler, **kwargs)

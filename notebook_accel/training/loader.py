@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, RandomSampler
+from torch.utils.data import BatchSampler, DataLoader, RandomSampler
 from torch.utils.data.dataloader import _DatasetKind
 
 from notebook_accel.training import ops
@@ -139,20 +139,37 @@ class DataLoaderShard(DataLoader):
     load, the next pass continues the saved epoch after the batches already
     yielded, drawing the same batches in the same order.
 
+    `skip_batches`: each pass leaves out its first batches, unread (Accelerate's
+    argument). Made directly, `DataLoaderShard(dataset, batch_size=4)`, it is one
+    process's loader over the whole dataset, its batches left where they are
+    without a `device`.
+
     `pin_batches` and `copy_stream` (see `copy_plan` and `BatchMover`): pin CPU
     tensors before copying them, and copy on this side stream, one batch ahead.
     `before_transfer` is called before each batch goes to the device (the
     platform's `before_batch_transfer`: on XLA, cutting the lazy graph).
     """
 
+    use_stateful_dataloader = False  # True on the torchdata-stateful classes
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        # Accelerate's constructor argument: made a torchdata StatefulDataLoader too
+        if use_stateful_dataloader and not cls.use_stateful_dataloader:
+            from notebook_accel.training.stateful_data import stateful_loader_class
+
+            cls = stateful_loader_class(cls)
+        return super().__new__(cls)
+
     def __init__(
         self,
         dataset: Any,
+        device: torch.device | None = None,
         *,
-        device: torch.device | None,
-        gradient_state: GradientState,
-        total_batch_size: int | None,
         synchronized_generator: torch.Generator | None = None,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        gradient_state: GradientState | None = None,
+        total_batch_size: int | None = None,
         non_blocking: bool = False,
         remainder_known: bool = True,
         pin_batches: bool = False,
@@ -160,13 +177,17 @@ class DataLoaderShard(DataLoader):
         before_transfer: Callable[[], None] | None = None,
         **loader_kwargs: Any,
     ) -> None:
+        del use_stateful_dataloader  # chose the class in __new__
         super().__init__(dataset, **loader_kwargs)
+        if total_batch_size is None and self.batch_size is not None:
+            total_batch_size = self.batch_size  # made directly: one process's batches
         self.device = device
+        self.skip_batches = skip_batches
         self.before_transfer = before_transfer
         self.mover = (
             None if device is None else BatchMover(device, non_blocking, pin_batches, copy_stream)
         )
-        self.gradient_state = gradient_state
+        self.gradient_state = gradient_state if gradient_state is not None else GradientState()
         self.total_batch_size = total_batch_size
         self.synchronized_generator = synchronized_generator
         self.non_blocking = non_blocking
@@ -201,10 +222,12 @@ class DataLoaderShard(DataLoader):
         if epoch != self.iteration:
             self._cancel_resume()
         self.iteration = epoch
+        # the sampler inside a custom batch sampler too, whether or not that one has
+        # set_epoch of its own (as Accelerate does)
+        if hasattr(getattr(self.batch_sampler, "sampler", None), "set_epoch"):
+            self.batch_sampler.sampler.set_epoch(epoch)
         if hasattr(self.batch_sampler, "set_epoch"):
             self.batch_sampler.set_epoch(epoch)
-        elif hasattr(getattr(self.batch_sampler, "sampler", None), "set_epoch"):
-            self.batch_sampler.sampler.set_epoch(epoch)
         elif hasattr(self.dataset, "set_epoch"):
             self.dataset.set_epoch(epoch)
 
@@ -250,7 +273,7 @@ class DataLoaderShard(DataLoader):
         self.gradient_state.active_dataloaders.append(self)
 
     def __iter__(self) -> Iterator[Any]:
-        skip, self._resume_skip = self._resume_skip, 0
+        skip, self._resume_skip = self._resume_skip or self.skip_batches, 0
         self._start()
         self._position = skip
         try:
@@ -354,6 +377,90 @@ class _SkipFirstIndices:
 
     def __len__(self) -> int:
         return len(self.sampler)
+
+
+class DataLoaderDispatcher(DataLoaderShard):
+    """The prepared loader of `dispatch_batches=True` (Accelerate's class name).
+
+    Accelerate's dispatcher reads every batch on the main process and sends each
+    process its part; this one has each process read, by itself, the part the
+    main process would have sent it, so the data is the same without the
+    broadcast. `split_batches` is accepted for the constructor Accelerate has.
+    """
+
+    def __init__(self, dataset: Any, split_batches: bool = False, **kwargs: Any) -> None:
+        super().__init__(dataset, **kwargs)
+        self.split_batches = split_batches
+
+
+class SkipBatchSampler(BatchSampler):
+    """`batch_sampler` without its first `skip_batches` batches, in every pass."""
+
+    def __init__(self, batch_sampler: Any, skip_batches: int = 0) -> None:
+        # BatchSampler.__init__ is not called: this wraps one rather than building one.
+        self.batch_sampler = batch_sampler
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.batch_sampler), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(len(self.batch_sampler) - self.skip_batches, 0)
+
+    @property
+    def total_length(self) -> int:
+        """The batches of a pass, the skipped ones included."""
+        return len(self.batch_sampler)
+
+    # what the wrapped sampler is made of, read and set through this one (prepare
+    # shares its shuffling and counts its batch size)
+    @property
+    def sampler(self) -> Any:
+        return getattr(self.batch_sampler, "sampler", None)
+
+    @sampler.setter
+    def sampler(self, sampler: Any) -> None:
+        self.batch_sampler.sampler = sampler
+
+    @property
+    def batch_size(self) -> int | None:
+        return getattr(self.batch_sampler, "batch_size", None)
+
+    @property
+    def drop_last(self) -> bool:
+        return getattr(self.batch_sampler, "drop_last", False)
+
+
+class SkipDataLoader(DataLoader):
+    """A DataLoader whose every pass leaves out its first `skip_batches` batches
+    (what `skip_first_batches` makes of a plain DataLoader over an iterable dataset).
+    `use_stateful_dataloader=True` makes it a torchdata StatefulDataLoader too."""
+
+    use_stateful_dataloader = False
+
+    def __new__(cls, *args: Any, use_stateful_dataloader: bool = False, **kwargs: Any) -> Any:
+        if use_stateful_dataloader and not cls.use_stateful_dataloader:
+            from notebook_accel.training.stateful_data import stateful_skip_loader_class
+
+            cls = stateful_skip_loader_class(cls)
+        return super().__new__(cls)
+
+    def __init__(
+        self,
+        dataset: Any,
+        skip_batches: int = 0,
+        use_stateful_dataloader: bool = False,
+        **kwargs: Any,
+    ) -> None:
+        del use_stateful_dataloader  # chose the class in __new__
+        super().__init__(dataset, **kwargs)
+        self.skip_batches = skip_batches
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(super().__iter__(), self.skip_batches, None)
+
+    def __len__(self) -> int:
+        return max(super().__len__() - self.skip_batches, 0)
 
 
 class SkipFirstBatches:

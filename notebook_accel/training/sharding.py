@@ -50,8 +50,8 @@ class BatchSamplerShard(BatchSampler):
     def __init__(
         self,
         batch_sampler: Any,
-        num_processes: int,
-        process_index: int,
+        num_processes: int = 1,
+        process_index: int = 0,
         split_batches: bool = False,
         even_batches: bool = True,
     ) -> None:
@@ -66,7 +66,7 @@ class BatchSamplerShard(BatchSampler):
         if split_batches and (self.batch_size is None or self.batch_size % num_processes):
             raise ValueError(
                 f"split_batches=True cuts each batch into {num_processes} equal parts, so the "
-                f"DataLoader's batch size ({self.batch_size}) must be a multiple of "
+                f"DataLoader's batch size ({self.batch_size}) must be a round multiple of "
                 f"{num_processes}. Change the batch size or use split_batches=False."
             )
 
@@ -182,11 +182,11 @@ class IterableDatasetShard(IterableDataset):
     def __init__(
         self,
         dataset: IterableDataset,
-        batch_size: int,
-        num_processes: int,
-        process_index: int,
-        split_batches: bool = False,
+        batch_size: int = 1,
         drop_last: bool = False,
+        num_processes: int = 1,
+        process_index: int = 0,
+        split_batches: bool = False,
     ) -> None:
         if split_batches and batch_size % num_processes:
             raise ValueError(
@@ -225,3 +225,18 @@ class IterableDatasetShard(IterableDataset):
             filler = itertools.cycle(first or round_)
             round_ += list(itertools.islice(filler, self.round_size - len(round_)))
             yield from round_[lo : lo + self.slice_size]
+
+
+class SkipItems(IterableDataset):
+    """An iterable dataset without its first `count` items (read and dropped), in every pass."""
+
+    def __init__(self, dataset: IterableDataset, count: int) -> None:
+        self.dataset = dataset
+        self.count = count
+
+    def __iter__(self) -> Iterator[Any]:
+        return itertools.islice(iter(self.dataset), self.count, None)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.dataset, "set_epoch"):
+            self.dataset.set_epoch(epoch)

@@ -24,7 +24,6 @@ import warnings
 from typing import Any
 
 from notebook_accel.config.optional import require
-from notebook_accel.training.loader import DataLoaderShard
 
 # The entry of a stateful loader's state_dict that holds the prepared loader's own position.
 POSITION_KEY = "notebook_accel_position"
@@ -45,6 +44,11 @@ class _StatefulShard:
     """What a prepared loader changes to be a `StatefulDataLoader` (mixed in before it)."""
 
     use_stateful_dataloader = True
+    _base_class: type  # the DataLoaderShard class it was made from
+
+    def __reduce_ex__(self, protocol: int) -> tuple:
+        return remade, (self._base_class,), without_iterator(self.__dict__)
+
     _stateful_class: type  # torchdata's StatefulDataLoader, set by stateful_loader_class
 
     def __init__(self, dataset: Any, **kwargs: Any) -> None:
@@ -99,15 +103,61 @@ class _StatefulShard:
         self._data_state = state or None
 
 
-def stateful_loader_class(base: type[DataLoaderShard]) -> type:
+def stateful_loader_class(base: type) -> type:
     """`base` (a `DataLoaderShard` class) made a torchdata `StatefulDataLoader` too."""
     return _combined(base, stateful_data_loader())  # says what to install first
 
 
 @functools.cache
-def _combined(base: type[DataLoaderShard], stateful: type) -> type:
+def _combined(base: type, stateful: type) -> type:
     return type(
         f"Stateful{base.__name__}",
         (_StatefulShard, base, stateful),
-        {"__module__": __name__, "__doc__": base.__doc__, "_stateful_class": stateful},
+        {
+            "__module__": __name__,
+            "__doc__": base.__doc__,
+            "_stateful_class": stateful,
+            "_base_class": base,
+        },
     )
+
+
+def stateful_skip_loader_class(base: type) -> type:
+    """`base` (a SkipDataLoader class) made a torchdata `StatefulDataLoader` too."""
+    return _plain_combined(base, stateful_data_loader())
+
+
+@functools.cache
+def _plain_combined(base: type, stateful: type) -> type:
+    def __reduce_ex__(self: Any, protocol: int) -> tuple:
+        return remade_skip_loader, (base,), without_iterator(self.__dict__)
+
+    return type(
+        f"Stateful{base.__name__}",
+        (base, stateful),
+        {
+            "__module__": __name__,
+            "__doc__": base.__doc__,
+            "use_stateful_dataloader": True,
+            "__reduce_ex__": __reduce_ex__,
+        },
+    )
+
+
+def remade_skip_loader(base: type) -> Any:
+    """An empty SkipDataLoader of `base` made stateful, for unpickling."""
+    cls = stateful_skip_loader_class(base)
+    return cls.__new__(cls)
+
+
+def without_iterator(state: dict) -> dict:
+    """A loader's attributes to pickle: torchdata keeps its last iterator, which cannot be
+    pickled (nor needs to be: the next pass makes one)."""
+    return {**state, "_iterator": None} if "_iterator" in state else state
+
+
+def remade(base: type) -> Any:
+    """An empty loader of `base` made stateful, for unpickling (the combined class is made
+    at run time, so pickle cannot find it by its name)."""
+    cls = stateful_loader_class(base)
+    return cls.__new__(cls)

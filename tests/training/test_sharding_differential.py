@@ -143,7 +143,7 @@ def test_iterable_shards_match_accelerate(length, batch_size, split, drop_last):
     from notebook_accel.training.sharding import IterableDatasetShard
 
     for rank in range(2):
-        ours = IterableDatasetShard(_Stream(length), batch_size, 2, rank, split, drop_last)
+        ours = IterableDatasetShard(_Stream(length), batch_size, drop_last, 2, rank, split)
         theirs = accelerate_data_loader.IterableDatasetShard(
             _Stream(length), batch_size, drop_last, 2, rank, split
         )
