@@ -31,6 +31,7 @@ GROUPS: dict[str, tuple[str, str]] = {
     "training": ("State and data", "Process state, gradient state, data loaders and seeds."),
     "config": ("Configuration", "Accelerate's kwargs handlers and plugins, and launch settings."),
     "checkpoint": ("Checkpoints", "Finding and loading what `save_state` and `save_model` wrote."),
+    "big_modeling": ("Big models", "Empty skeletons, device maps, loading, offload and pipelines."),
     "reporting": ("Logging and progress", "Loggers and progress bars that know their process."),
     "platforms": ("Hardware", "What the machine has, and how the processes cooperate."),
 }

@@ -124,8 +124,10 @@ def prepare_pippy(
         split_points: "auto" (stages of about equal size) or the module names where
             stages 2, 3, ... begin (one fewer than the workers).
         no_split_module_classes: blocks "auto" never cuts through.
-        example_args, example_kwargs: an example batch, on the CPU; the model is traced
-            with one micro-batch of it. kwargs must then be given on every call.
+        example_args: an example batch, on the CPU; the model is traced with one
+            micro-batch of it.
+        example_kwargs: the example batch's keyword arguments, traced likewise; they
+            must then be given on every call.
         num_chunks: micro-batches per batch (default: the number of workers). A batch
             that does not split evenly is padded with its last sample, and the padding
             is dropped from the output.

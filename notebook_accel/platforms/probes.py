@@ -207,6 +207,18 @@ PROBES: dict[str, Callable[[], bool]] = {
 }
 globals().update(PROBES)
 
+
+def is_rich_available() -> bool:
+    """Whether the `rich` package is installed (not imported to find out).
+
+    Written out, unlike the other package probes, because Accelerate exports it from its
+    top level, where the API reference documents it.
+    """
+    return package_available("rich")
+
+
+PROBES["is_rich_available"] = is_rich_available
+
 DEVICE_PROBES = (
     "is_torch_xla_available",
     "is_torchdata_stateful_dataloader_available",
