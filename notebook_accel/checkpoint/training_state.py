@@ -128,7 +128,7 @@ from notebook_accel.checkpoint.checksums import (
     tensor_checksums,
 )
 from notebook_accel.config.kwargs import ProjectConfiguration
-from notebook_accel.training import fsdp, ops
+from notebook_accel.training import ddp_buckets, fsdp, ops
 from notebook_accel.training.nested import to_cpu
 from notebook_accel.training.registry import TrainingObjects
 from notebook_accel.training.seeding import rng_states, set_rng_states
@@ -498,6 +498,8 @@ def _write_rank_files(run: CheckpointContext, folder: Path) -> None:
     loop = {
         "step": run.objects.step,
         "dataloaders": [loader.state_dict() for loader in run.objects.dataloaders],
+        # how each DDP model sums gradients: a resumed run sums alike (ddp_buckets.py)
+        "ddp_buckets": [ddp_buckets.bucket_layout(model) for model in run.objects.models],
     }
     _write_file(folder / f"loop_state_{rank}.pkl", loop, torch.save)
 
@@ -1138,6 +1140,9 @@ def _apply(run: CheckpointContext, checkpoint: _Checkpoint) -> None:
     loaders = checkpoint.loop["dataloaders"]
     for loader, state in zip(run.objects.dataloaders, loaders, strict=True):
         loader.load_state_dict(state)
+    layouts = checkpoint.loop.get("ddp_buckets") or [None] * len(run.objects.models)
+    for model, layout in zip(run.objects.models, layouts, strict=True):
+        ddp_buckets.sum_first_step_in(model, layout)
     set_rng_states(checkpoint.random_states)  # last: nothing after this may draw
 
 

@@ -23,7 +23,6 @@ from notebook_accel import (
     Accelerator,
     CheckpointError,
     DataLoaderConfiguration,
-    DistributedDataParallelKwargs,
     FullyShardedDataParallelPlugin,
     ProjectConfiguration,
     latest_checkpoint,
@@ -82,7 +81,6 @@ def train(
     stop_at: int | None = None,
     save_every: int | None = None,
     kill: dict | None = None,
-    fixed_buckets: bool = False,
     fsdp: bool = False,
 ) -> dict | None:
     """Train 3 epochs, resuming from what this process's directory holds.
@@ -90,18 +88,13 @@ def train(
     automatic: checkpoint_N names under the directory (else one directory,
     `state`, replaced by each save). stop_at: save after that many steps and
     return None. save_every: save every so many steps. kill: the arguments of
-    `kill_in_commit`. fixed_buckets: keep DDP from reordering its gradient
-    buckets after the first step (find_unused_parameters=True). With more than
-    two processes the order decides how gloo rounds each sum, and a resumed
-    run's DDP starts again from the first order: it ends about 1e-8 away
-    from an uninterrupted run (2 x 2 workers, measured) unless the order is fixed.
+    `kill_in_commit`.
     fsdp: shard the model with FSDP2 (every submodule of 16 parameters or more
     its own group); the weights returned are then the whole ones.
     """
     folder = directory(base, per_rank)
     set_seed(0, device_specific=True)  # each rank its own dropout masks
     accelerator = Accelerator(
-        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=fixed_buckets)],
         fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=16) if fsdp else None,
         dataloader_config=DataLoaderConfiguration(use_seedable_sampler=True),
         project_config=ProjectConfiguration(

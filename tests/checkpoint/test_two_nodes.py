@@ -28,12 +28,7 @@ NODE_RUN = Path(__file__).with_name("node_run.py")
 
 
 def _two_nodes(tmp_path: Path, **options) -> list:
-    """Run both nodes at once; each node's results (its two ranks'), or its failure.
-
-    DDP keeps its first gradient-bucket order (see `separate_dirs.train`): with
-    4 processes its reordering alone moves a resumed run by rounding.
-    """
-    options["fixed_buckets"] = True
+    """Run both nodes at once; each node's results (its two ranks'), or its failure."""
     port = free_port()
     outs = [tmp_path / f"results{node}.pt" for node in (0, 1)]
     commands = [
