@@ -47,11 +47,13 @@ def bucket_layout(model: torch.nn.Module) -> Layout | None:
     the model is not wrapped in DDP). A rebuild DDP would make at its next forward is
     made now, so that the layout read is the one the next step uses."""
     ddp = ddp_of(model)
-    if ddp is None:
-        return None
-    ddp.reducer._rebuild_buckets()  # what DDP's next forward would do first
+    reducer = getattr(ddp, "reducer", None)
+    needed = ("_rebuild_buckets", "_get_zeros_like_grad_buckets")
+    if reducer is None or not all(hasattr(reducer, name) for name in needed):
+        return None  # a torch without them: resumes as DDP alone does (the tests say so)
+    reducer._rebuild_buckets()  # what DDP's next forward would do first
     names = {id(p): name for name, p in ddp.module.named_parameters()}
-    buckets = ddp.reducer._get_zeros_like_grad_buckets()
+    buckets = reducer._get_zeros_like_grad_buckets()
     return [[names[id(p)] for p in bucket.parameters()] for bucket in buckets]
 
 
