@@ -244,7 +244,9 @@ def _install(
         hooks[""].io_same_device = True
     else:
         first = next(iter(plan.execution.values()), torch.device("cpu"))
-        hooks[""] = DeviceHook(execution_device=first, io_same_device=True, skip_keys=skip)
+        hooks[""] = DeviceHook(
+            execution_device=first, io_same_device=True, skip_keys=skip, ties=ties
+        )
     for module, hook in hooks.items():
         add_hook_to_module(model.get_submodule(module), hook)
 

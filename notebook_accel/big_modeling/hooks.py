@@ -4,9 +4,10 @@ A hook is attached with torch's own `register_forward_pre_hook`/`register_forwar
 `DeviceHook` moves the inputs to the module's execution device and, for a module whose
 weights are offloaded (kept on the CPU or on disk, and on the meta device in the model),
 brings those weights there for this forward only; afterwards they are back on the meta
-device, even if the forward raised. Removing the hook puts back what was there before
-it: each offloaded tensor on its device, in its dtype, a parameter of its class with its
-`requires_grad`, and tensors that were tied tied again.
+device, even if the forward raised. A weight tied between modules is read once per
+forward of the model and shared by them (`TiedGroups`). Removing the hook puts back what
+was there before it: each offloaded tensor on its device, in its dtype, a parameter of
+its class with its `requires_grad`, and tensors that were tied tied again.
 """
 
 from __future__ import annotations
@@ -75,16 +76,41 @@ class Original:
 
 @dataclass
 class TiedGroups:
-    """Offloaded names that were one parameter, shared by the hooks of one model, so that
-    removing the hooks gives those names one parameter again."""
+    """Offloaded names that were one parameter, shared by the hooks of one model: during a
+    forward of the model each group is read from the store once and loaded once per
+    device, one parameter shared by the modules that use it; removing the hooks gives
+    those names one parameter again.
+
+    A group loaded in a forward stays loaded until the model's forward ends (also when it
+    raised), not until its last user in that forward ran: a module may run any number of
+    times in one forward, so no earlier point is known to be its last use, and the usual
+    tied pair (an embedding and the head that reads it) runs first and last anyway.
+    Between forwards nothing is kept. A module called on its own, outside a forward of
+    the model, reads what it needs itself.
+    """
 
     group_of: dict[str, int] = field(default_factory=dict)  # full name -> group
     restored: dict[int, nn.Parameter] = field(default_factory=dict)
+    # group -> device -> the parameter loaded there, while a forward of the model runs
+    loaded: dict[int, dict[torch.device, nn.Parameter]] = field(default_factory=dict)
+    forwards: int = 0  # forwards of the model running (more than one if it calls itself)
 
     @classmethod
     def of(cls, groups: Iterable[Iterable[str]]) -> TiedGroups:
         """From groups of full names (as `find_tied_parameters` gives)."""
         return cls({name: number for number, names in enumerate(groups) for name in names})
+
+    def begin_forward(self) -> None:
+        """A forward of the model starts: groups loaded from now on are shared."""
+        self.forwards += 1
+
+    def end_forward(self) -> None:
+        """A forward of the model ends: the groups it loaded are freed (once the outermost
+        one ends). Called even if the forward raised, maybe without `begin_forward` (a
+        pre-hook before ours raised), hence the floor at zero."""
+        self.forwards = max(self.forwards - 1, 0)
+        if not self.forwards:
+            self.loaded.clear()
 
 
 @dataclass
@@ -96,7 +122,7 @@ class DeviceHook(ModuleHook):
     class). `placeholders`: the meta tensors they are between forwards. `originals`: what
     they were before offloading (those that were not on the meta device already), put
     back when the hook is removed. `io_same_device`: outputs go back to the inputs'
-    device (the model's top module).
+    device (the model's top module, whose forward is the one `ties` share weights in).
     """
 
     execution_device: torch.device
@@ -110,15 +136,36 @@ class DeviceHook(ModuleHook):
     _input_device: torch.device | None = None
 
     def load(self, module: nn.Module, device: torch.device | None = None) -> None:
-        """Put the offloaded weights in `module`, on `device` (default: the execution device)."""
+        """Put the offloaded weights in `module`, on `device` (default: the execution device).
+
+        A tied weight is taken from what this forward of the model loaded already, if it
+        did (see `TiedGroups`)."""
         device = self.execution_device if device is None else torch.device(device)
+        ties = self.ties
+        # Outside a forward of the model, tied names are still one parameter in this module.
+        loaded = ties.loaded if ties is not None and ties.forwards else {}
         for local, full in self.offloaded.items():
             owner, leaf = owner_of(module, local)
+            group = ties.group_of.get(full) if ties is not None else None
+            if group is not None:
+                owner._parameters[leaf] = self._tied(loaded.setdefault(group, {}), local, device)
+                continue
             value = self.weights[full].to(device)  # in the dtype it was offloaded in
             if leaf in owner._parameters:
                 owner._parameters[leaf] = _parameter_like(self.placeholders[local], value)
             else:
                 owner._buffers[leaf] = value
+
+    def _tied(
+        self, copies: dict[torch.device, nn.Parameter], local: str, device: torch.device
+    ) -> nn.Parameter:
+        """The tied parameter `local` on `device`: from `copies` (the group's loaded
+        copies), else copied from one on another device, else read from the store."""
+        if device not in copies:
+            source = next(iter(copies.values()), None)
+            value = self.weights[self.offloaded[local]] if source is None else source.detach()
+            copies[device] = _parameter_like(self.placeholders[local], value.to(device))
+        return copies[device]
 
     def release(self, module: nn.Module) -> None:
         """Back to the meta placeholders: the loaded weights are freed."""
@@ -129,6 +176,8 @@ class DeviceHook(ModuleHook):
 
     def before(self, module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
         """Load the offloaded weights, move the inputs."""
+        if self.io_same_device and self.ties is not None:
+            self.ties.begin_forward()  # the model's top module: its forward starts
         self.load(module)
         if self.io_same_device:
             self._input_device = _first_device((args, kwargs))
@@ -138,6 +187,8 @@ class DeviceHook(ModuleHook):
     def after(self, module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         """Free the weights loaded for this forward; outputs back to the inputs' device."""
         self.release(module)
+        if self.io_same_device and self.ties is not None:
+            self.ties.end_forward()
         if self.io_same_device and self._input_device is not None:
             return send(output, self._input_device)
         return output
