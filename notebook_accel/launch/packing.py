@@ -13,6 +13,7 @@ CUDA, and on the CPU in a CPU worker: never on whichever GPU the kernel used.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import linecache
 import marshal
@@ -20,6 +21,7 @@ import os
 import pickle
 import sys
 import types
+import weakref
 from typing import Any
 
 import cloudpickle
@@ -30,11 +32,19 @@ from notebook_accel.config.settings import ENV_BACKEND
 WORKER_NAMESPACE = "worker-namespace"
 
 
-def pack(function: Any, args: tuple, kwargs: dict, live: bool = False) -> bytes:
+def pack(
+    function: Any,
+    args: tuple,
+    kwargs: dict,
+    live: bool = False,
+    sent: SentValues | None = None,
+) -> bytes:
     """A function and its arguments, pickled by value for a worker (`unpack` there).
 
     With `live`, for `unpack_in_namespace`: what was defined in the notebook
-    will read its global names from the worker's namespace.
+    will read its global names from the worker's namespace; `sent` (the live
+    group's record of what earlier calls sent) says which of the notebook's
+    values the kernel has changed since, which then replace the workers'.
     """
     buffer = io.BytesIO()
     pickler = (_LivePickler if live else _WorkerPickler)(buffer, protocol=5)
@@ -46,7 +56,59 @@ def pack(function: Any, args: tuple, kwargs: dict, live: bool = False) -> bytes:
         for name in sorted(pickler.code_files)
         if not os.path.exists(name) and linecache.getlines(name)
     }
-    return pickle.dumps((buffer.getvalue(), sources), protocol=5)
+    changed = sent.changed(pickler.notebook_values()) if live and sent is not None else []
+    return pickle.dumps((buffer.getvalue(), sources, changed), protocol=5)
+
+
+class SentValues:
+    """What the notebook's global values were when a live group last received them.
+
+    A name counts as changed when the kernel bound it to another value since (a
+    cell that set `lr = 1e-4` again), or changed a container's contents; a model
+    trained, or a tensor changed, in place is the same object and not changed.
+    """
+
+    def __init__(self) -> None:
+        self._records: dict[str, tuple[str, Any]] = {}
+
+    def changed(self, values: dict[str, Any]) -> list[str]:
+        """The names of `values` not sent before or changed since; records them as sent."""
+        changed = []
+        for name, value in values.items():
+            record = self._records.get(name)
+            if record is None or not _still(record, value):
+                changed.append(name)
+            self._records[name] = _record(value)
+        return changed
+
+
+_PLAIN = (type(None), bool, int, float, complex, str, bytes)
+
+
+def _record(value: Any) -> tuple[str, Any]:
+    """How to tell later whether `value` is still the kernel's value (holding no large
+    object alive): plain values by value, others by identity, containers by content."""
+    if isinstance(value, _PLAIN) or (
+        isinstance(value, tuple) and all(isinstance(item, _PLAIN) for item in value)
+    ):
+        return "value", value
+    try:
+        return "object", weakref.ref(value)
+    except TypeError:  # a dict, a list: no weak reference; compared by what it holds
+        pass
+    try:
+        return "content", hashlib.sha1(cloudpickle.dumps(value)).hexdigest()
+    except Exception:  # noqa: BLE001 - cannot be pickled: it was not sent either
+        return "id", id(value)
+
+
+def _still(record: tuple[str, Any], value: Any) -> bool:
+    kind, seen = record
+    if kind == "value":
+        return type(seen) is type(value) and (seen is value or seen == value)
+    if kind == "object":
+        return seen() is value
+    return _record(value) == record
 
 
 def pack_for_cluster(function: Any, args: tuple, kwargs: dict) -> bytes:
@@ -119,11 +181,42 @@ class _LivePickler(_WorkerPickler):
     notebook's functions (one dict per payload, shared by every function from
     `__main__`) travel as a reference to the worker's namespace."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._notebook_values: dict[str, Any] = {}  # global name -> the kernel's value
+
     def persistent_id(self, obj: Any) -> Any:
         if type(obj) is dict and obj.get("__name__") == "__main__":
             if any(obj is built for built in self.globals_ref.values()):
                 return WORKER_NAMESPACE
         return None
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, types.FunctionType) and obj.__globals__.get("__name__") == "__main__":
+            names = obj.__globals__
+            for name in _global_names(obj.__code__):  # what cloudpickle sends of them
+                if name in names and not name.startswith("__"):
+                    self._notebook_values[name] = names[name]
+        return super().reducer_override(obj)
+
+    def notebook_values(self) -> dict[str, Any]:
+        """The notebook's global values the pickled functions use (not functions or
+        classes of the notebook: the kernel's newest always replace the workers')."""
+        return {
+            name: value
+            for name, value in self._notebook_values.items()
+            if not _defined_in_notebook(value) and not isinstance(value, types.ModuleType)
+        }
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The names `code` and the code nested in it (comprehensions, inner functions) look
+    up, global ones among them."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
 
 
 class _LiveUnpickler(pickle.Unpickler):
@@ -156,7 +249,7 @@ def unpack(shipped: bytes) -> tuple[Any, tuple, dict]:
     from the notebook is then sent back by reference and arrives in the
     kernel as an instance of the kernel's own class.
     """
-    payload = _payload(shipped)
+    payload, _ = _payload(shipped)
     function, args, kwargs = cloudpickle.loads(payload)
     names = getattr(function, "__globals__", None)
     if isinstance(names, dict) and names.get("__name__") == "__main__":
@@ -172,30 +265,68 @@ def unpack_in_namespace(shipped: bytes, namespace: dict[str, Any]) -> tuple[Any,
     everything defined in the notebook reading its global names from `namespace`.
 
     cloudpickle writes the kernel's values of the names those functions use into
-    their globals, here `namespace`. The kernel's functions and classes are its
-    newest definitions and stay; any other name the worker already held keeps
-    the worker's value (a model prepared on the worker wins over the kernel's
-    copy of the same name). The function called is put there under its name
-    too, as the notebook has it, for the worker's later cells.
+    their globals, here `namespace`. Which value a name keeps there:
+
+    - the notebook's functions and classes: the kernel's (its newest definitions);
+    - a name the kernel sent before and has changed since (`SentValues`): the
+      kernel's new value, unless the worker bound the name to a value of its own
+      (then the worker's stays);
+    - any other name the worker holds: the worker's (a model prepared or trained
+      on the worker wins over the kernel's copy of the same name).
+
+    The function called is put there under its name too, as the notebook has it,
+    for the worker's later cells.
     """
     held = dict(namespace)
-    function, args, kwargs = _LiveUnpickler(io.BytesIO(_payload(shipped)), namespace).load()
+    payload, changed = _payload(shipped)
+    function, args, kwargs = _LiveUnpickler(io.BytesIO(payload), namespace).load()
+    from_kernel = _from_kernel(namespace)
     for name, value in held.items():
         arrived = namespace.get(name)
-        if arrived is not value and not _defined_in_notebook(arrived):
-            namespace[name] = value
+        if arrived is value or _defined_in_notebook(arrived):
+            continue
+        if name in changed and name in from_kernel and from_kernel[name].holds(value):
+            continue  # the kernel changed it, and the worker had not: the kernel's
+        namespace[name] = value
+    for name, value in namespace.items():
+        if name not in held or held[name] is not value:
+            from_kernel[name] = _Held(value)
     if _defined_in_notebook(function) and function.__qualname__.isidentifier():
         namespace[function.__qualname__] = function  # not a lambda, not nested
     return function, args, kwargs
+
+
+class _Held:
+    """A value a live worker took from the kernel (weakly where it can: a name the
+    worker rebinds must not keep the old value alive)."""
+
+    def __init__(self, value: Any) -> None:
+        try:
+            self._ref: Any = weakref.ref(value)
+        except TypeError:
+            self._ref = lambda: value
+
+    def holds(self, value: Any) -> bool:
+        return self._ref() is value
+
+
+# namespace (by id: one per worker process, alive as long as it) -> its names' values
+# as they came from the kernel
+_kernel_values: dict[int, dict[str, _Held]] = {}
+
+
+def _from_kernel(namespace: dict[str, Any]) -> dict[str, _Held]:
+    return _kernel_values.setdefault(id(namespace), {})
 
 
 def _defined_in_notebook(value: Any) -> bool:
     return isinstance(value, (types.FunctionType, type)) and value.__module__ == "__main__"
 
 
-def _payload(shipped: bytes) -> bytes:
-    """The pickled function and arguments; the notebook code's source goes to linecache."""
-    payload, sources = pickle.loads(shipped)
+def _payload(shipped: bytes) -> tuple[bytes, list[str]]:
+    """The pickled function and arguments, and the names the kernel changed since its last
+    live call; the notebook code's source goes to linecache."""
+    payload, sources, changed = pickle.loads(shipped)
     for name, lines in sources.items():
         linecache.cache[name] = (sum(map(len, lines)), None, lines, name)
-    return payload
+    return payload, changed

@@ -35,7 +35,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from notebook_accel.launch.attempt import open_group
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
@@ -45,6 +45,9 @@ from notebook_accel.live.protocol import Call, encode
 from notebook_accel.live.values import unpack
 from notebook_accel.reporting.events import CallFinished, MetricRecord, Progress, RunEvent
 from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.packing import SentValues
 
 # After a stop press (or a timeout), how long the workers get to end the call.
 STOP_GRACE_SECONDS = 5.0
@@ -93,6 +96,8 @@ class LiveWorkers:
         self._group: WorkerGroupBase | None = None
         self._opened: contextlib.ExitStack | None = None
         self._ids = itertools.count(1)
+        # the notebook's values as the workers last got them (launch/packing.py)
+        self._sent: SentValues | None = None
         self._finished: dict[int, dict[int, CallFinished]] = {}
         self._ended_because = "it has not been started"
         self._current_stop: StopSignal | None = None
@@ -178,11 +183,12 @@ class LiveWorkers:
         KeyboardInterrupt or TimeoutError when stopped (they stay up if they
         stopped in time), GroupEnded if the group is not running.
         """
-        from notebook_accel.launch.packing import pack
+        from notebook_accel.launch.packing import SentValues, pack
 
         if not callable(function):
             raise TypeError(f"run() needs a function to call, got {type(function).__name__}")
-        payload = pack(function, args, kwargs or {}, live=True)
+        self._sent = self._sent or SentValues()
+        payload = pack(function, args, kwargs or {}, live=True, sent=self._sent)
         return self._call("function", payload, ranks, return_all, timeout, "<function>")
 
     def run_cell(

@@ -192,3 +192,49 @@ def test_helpers_and_classes_from_the_notebook_see_the_workers_names_and_their_e
     assert outputs_text(edited).strip() == "60.0"
     assert outputs_text(bumped).strip() == "(2, 4)"  # a method's global lands on the worker
     assert outputs_text(on_workers).strip() == "[(60.0, 4), (60.0, 4)]"
+
+
+CHANGED_VALUE_CELLS = [
+    """
+import torch
+from notebook_accel import start_workers
+
+workers = start_workers(2, backend="cpu", live=False)
+lr = 0.1
+model = torch.nn.Linear(2, 1, bias=False)
+
+def read():
+    return lr, float(model.weight.detach().sum())
+
+def train():
+    with torch.no_grad():
+        model.weight.fill_(7.0)  # trained on the workers, in place
+
+workers.run(train)
+workers.run(read)
+""",
+    "lr = 0.001  # the user edits the cell and runs it again\nworkers.run(read)",
+    "%%on_workers\nlr = 5.0  # the workers' own value",
+    "lr = 0.5\nworkers.run(read)",
+    "model = torch.nn.Linear(2, 1, bias=False)  # a new one\nworkers.run(read)[1] != 14.0",
+    "workers.close()",
+]
+
+
+def test_a_value_the_kernel_changes_reaches_the_workers_but_not_over_their_own(tmp_path):
+    """`lr = ...` edited in the kernel reaches the workers at the next call; a value a
+    worker set itself stays; a model trained in place on the workers stays until the
+    kernel makes a new one."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CHANGED_VALUE_CELLS]
+    NotebookClient(
+        notebook,
+        timeout=90,
+        kernel_name="python3",
+        resources={"metadata": {"path": str(tmp_path)}},
+    ).execute()
+    trained, edited, _, own, replaced, _ = notebook.cells
+    assert outputs_text(trained).strip() == "(0.1, 14.0)"  # not the kernel's untrained copy
+    assert outputs_text(edited).strip() == "(0.001, 14.0)"
+    assert outputs_text(own).strip() == "(5.0, 14.0)"
+    assert outputs_text(replaced).strip() == "True"
