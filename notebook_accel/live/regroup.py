@@ -19,25 +19,29 @@ After that, the old process group is unusable on every rank, and the
 kernel asks every worker to `form_again`: leave it and make a new one over
 the same store (under a fresh prefix, so no key of an earlier group is read),
 with the same backend, ranks and timeout. DDP models wrapped for the old group
-are moved to the new one (`DistributedDataParallel._update_process_group`,
-made for elastic training), so a prepared model trains on in the next call.
-FSDP has no such way: an FSDP model keeps the old group, and the kernel says
-it must be prepared again. So does a group made with `new_group` (it is gone
-with the old default group).
+are moved to the new one (`move_ddp`), so a prepared model trains on in the
+next call. FSDP has no such way: an FSDP model keeps the old group, and the
+kernel says it must be prepared again. So does a group made with `new_group`
+(it is gone with the old default group).
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
+import inspect
 import os
 import socket
 import sys
+import warnings
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import psutil
+import torch
 import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
 
 # How long each worker waits at the store for the others to start forming the group again.
 MEET_SECONDS = 30.0
@@ -50,7 +54,9 @@ def break_connections(peer_addresses: list[tuple[str, int]]) -> int:
     its own worker's). Safe on any thread."""
     if dist.is_available() and dist.is_initialized():
         with contextlib.suppress(Exception):
-            dist.group.WORLD.abort()  # nccl aborts its communicators; gloo does nothing
+            # nccl aborts its communicators; gloo's abort() does nothing (torch 2.13;
+            # tests/live/test_ddp_private_api.py fails on a release where it does more).
+            dist.group.WORLD.abort()
     theirs = {tuple(address) for address in peer_addresses}
     mine = psutil.Process().net_connections(kind="tcp")
     # A connection to another worker has that worker's local end as its far end.
@@ -105,8 +111,6 @@ def _timeout(group: dist.ProcessGroup) -> timedelta | None:
 
 def _move_models(old: dist.ProcessGroup, new: dist.ProcessGroup) -> tuple[int, list[str]]:
     """Move the DDP models from `old` to `new`; name the FSDP models, which cannot move."""
-    from torch.nn.parallel import DistributedDataParallel
-
     # Every object of the process, compared by exact type: isinstance() on each of
     # them takes several times as long (a model can be held anywhere).
     ddp = _with_subclasses(DistributedDataParallel)
@@ -114,12 +118,174 @@ def _move_models(old: dist.ProcessGroup, new: dist.ProcessGroup) -> tuple[int, l
     moved, sharded = 0, []
     for thing in gc.get_objects():
         kind = type(thing)
-        if kind in ddp and thing.process_group is old:
-            thing._update_process_group(new)
+        if kind in ddp and thing.process_group is old and move_ddp(thing, new):
             moved += 1
         elif kind in fsdp:
             sharded.append(thing)
     return moved, _outermost(sharded)
+
+
+# -- moving a DDP model ---------------------------------------------------------------
+#
+# DDP has no public way to change a model's process group. Its private
+# `_update_process_group` (made for elastic training) does it without a collective,
+# and does what is relied on here up to torch 2.13 at least; being private, a release
+# may rename, change or drop it (tests/live/test_ddp_private_api.py fails on the first
+# that does). Where it is missing, raises, or leaves the model on its old group, the
+# wrapper is built again around the same module on the new group.
+
+_warned_rebuild = False
+
+# DDP's arguments that are kept as attributes of the same name (the ones a torch
+# release lacks are left out).
+_SETTINGS = (
+    "device_ids",
+    "output_device",
+    "dim",
+    "find_unused_parameters",
+    "gradient_as_bucket_view",
+    "static_graph",
+    "skip_all_reduce_unused_params",
+    "batched_grad_copy",
+)
+# The hooks nn.Module.__init__ empties: those on the wrapper itself (the user's) are kept.
+_MODULE_HOOKS = tuple(name for name in vars(torch.nn.Module()) if "hook" in name)
+
+
+def move_ddp(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
+    """Make the DDP `model` all-reduce over `new` from its next backward on, keeping its
+    module, settings and communication hooks. Returns False (with a warning) if it stays
+    on its old group: it must be prepared again."""
+    if _moved_by_torch(model, new):
+        return True
+    why_not = _cannot_rebuild(model)
+    if why_not:
+        warnings.warn(
+            f"torch {torch.__version__}'s DistributedDataParallel._update_process_group "
+            f"(private) did not move a {type(model).__name__} model to the new process group, "
+            f"and it cannot be built again (it {why_not}): it keeps the old group and fails "
+            "at its next collective; prepare it again.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False
+    _warn_rebuild_once()
+    _rebuild(model, new)
+    return True
+
+
+def _moved_by_torch(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
+    """Move `model` with DDP's private `_update_process_group`; False where that is gone,
+    raises (its signature or checks changed), or leaves the model on its old group."""
+    update = getattr(model, "_update_process_group", None)
+    if not callable(update):
+        return False
+    try:
+        update(new)
+    except (AttributeError, TypeError, ValueError, RuntimeError):
+        return False
+    return model.process_group is new
+
+
+def _warn_rebuild_once() -> None:
+    global _warned_rebuild
+    if not _warned_rebuild:
+        _warned_rebuild = True
+        warnings.warn(
+            f"torch {torch.__version__}'s DistributedDataParallel._update_process_group "
+            "(private) did not move a model to the new process group, so its DDP wrapper "
+            "was built again around the same module (same settings, same hooks).",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _cannot_rebuild(model: DistributedDataParallel) -> str | None:
+    """Why building `model` again would not give the same wrapper, if it would not
+    (each of these registers hooks on the module or its parameters a second time)."""
+    if getattr(model, "mixed_precision", None) is not None:
+        return "uses DDP's own mixed_precision"
+    if getattr(model, "_delay_all_reduce_params", None):
+        return "delays the all-reduce of some parameters"
+    if getattr(model, "device_mesh", None) is not None:
+        return "was made for a device mesh"
+    return None
+
+
+def _rebuild(model: DistributedDataParallel, new: dist.ProcessGroup) -> None:
+    """Build the DDP wrapper `model` again around its module, on `new`, with the settings
+    and communication hooks it had. In place: every holder of the model (the user's names,
+    the Accelerator's list, a compiled wrapper, a hook's weak reference) keeps working."""
+    settings = _settings(model)
+    hooks, lost = _comm_hooks(model, new)
+    kept = {name: value for name, value in vars(model).items() if name in _MODULE_HOOKS and value}
+    training = model.training
+    _unhook(model)
+    DistributedDataParallel.__init__(model, model.module, process_group=new, **settings)
+    vars(model).update(kept)
+    model.training = training
+    for hook, state in hooks:
+        model.register_comm_hook(state, hook)
+    if lost:
+        warnings.warn(
+            f"a {type(model).__name__} model was moved to the new process group without its "
+            f"communication hook ({', '.join(lost)}): it cannot be registered again here "
+            "(it uses the old group, or is one of DDP's built-in hooks). Its gradients are "
+            "all-reduced as without a hook; register the hook again to use it.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _settings(model: DistributedDataParallel) -> dict[str, Any]:
+    """DDP's arguments that rebuild `model` as it was, without a collective."""
+    accepted = inspect.signature(DistributedDataParallel.__init__).parameters
+    settings = {name: getattr(model, name) for name in _SETTINGS if hasattr(model, name)}
+    # broadcast_buffers is deprecated for forward_sync_buffers (torch 2.13).
+    buffers = "forward_sync_buffers" if "forward_sync_buffers" in accepted else "broadcast_buffers"
+    settings[buffers] = getattr(model, "forward_sync_buffers", model.broadcast_buffers)
+    if not getattr(model, "bucket_bytes_cap_default", True):  # the user set bucket_cap_mb
+        settings["bucket_cap_mb"] = model.bucket_bytes_cap / 2**20
+    per_bucket = getattr(getattr(model, "_bucket_config", None), "per_bucket_bytes_caps", ())
+    if per_bucket:
+        settings["bucket_cap_mb_list"] = [cap / 2**20 for cap in per_bucket]
+    # The replicas are in step already, and a collective here would have to come in the
+    # same order on every rank (gc.get_objects() does not promise one).
+    settings["init_sync"] = False
+    return {name: value for name, value in settings.items() if name in accepted}
+
+
+def _comm_hooks(
+    model: DistributedDataParallel, new: dist.ProcessGroup
+) -> tuple[list[tuple[Callable, Any]], list[str]]:
+    """The communication hooks to register on the rebuilt `model` (comm_hooks.register's
+    use the current default group, or their state's), and the names of those that cannot
+    be: a state that holds another group, or a built-in hook (DDP does not list those)."""
+    hooks, lost = [], []
+    for hook, state in getattr(model, "_comm_hooks", []):
+        group = state if isinstance(state, dist.ProcessGroup) else None
+        group = getattr(state, "process_group", group)
+        if group is None or group is new:
+            hooks.append((hook, state))
+        else:
+            lost.append(getattr(hook, "__qualname__", repr(hook)))
+    named = ""
+    with contextlib.suppress(Exception):
+        named = str(model._get_ddp_logging_data().get("comm_hook", ""))
+    if named and not hooks and not lost:
+        lost.append(named)
+    return hooks, lost
+
+
+def _unhook(model: DistributedDataParallel) -> None:
+    """Take the old wrapper's gradient hooks off the parameters before building it again.
+    The Python reducer's (compiled autograd) call the same object: they would all-reduce
+    each gradient a second time. The C++ reducer's go when it is freed; taken off here
+    too, in case something else still holds it."""
+    for handle in getattr(model, "_accum_grad_hooks", []):
+        handle.remove()
+    with contextlib.suppress(Exception):  # private as well; freeing the reducer is enough
+        model.reducer._remove_autograd_hooks()
 
 
 def _fsdp_kinds() -> set[type]:
