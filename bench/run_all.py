@@ -22,6 +22,9 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 ROUND = """
 import torch
@@ -62,6 +65,8 @@ def main() -> None:
     imports = "import transformers" if args.transformers else "pass"
     code = ROUND.format(imports=imports, launch=XLA_LAUNCH if args.xla else CPU_LAUNCH)
     env = dict(os.environ)
+    # This checkout first: the torch_xla environment holds no copy of the project.
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     if args.xla:
         env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
     if args.transformers:

@@ -68,13 +68,15 @@ class Accelerator:
     Created inside a worker started by `notebook_launcher` (or `torchrun`) it
     joins the other processes; the launch's `mixed_precision` and
     `gradient_accumulation_steps` apply unless given here. Created anywhere
-    else it is a single-process accelerator.
+    else it is a single-process accelerator on the machine's GPU, else its TPU
+    (as Accelerate's: once a model goes there the kernel holds the TPU, and a
+    later launch needs a restart), else the CPU.
 
     Args:
         mixed_precision: "no", "fp16", "bf16" or "fp8" (None: the launch's, else "no").
         gradient_accumulation_steps: optimizer steps happen every this many
             `accumulate()` blocks (None: the launch's, else 1).
-        cpu: train on the CPU even when a GPU is present.
+        cpu: train on the CPU even when a GPU or TPU is present.
         dataloader_config: how DataLoaders are sharded.
         kwargs_handlers: AutocastKwargs, GradScalerKwargs, AORecipeKwargs (fp8),
             DistributedDataParallelKwargs (with a communication hook),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -11,7 +12,7 @@ from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platfo
 from notebook_accel.platforms.cpu import CpuPlatform
 from notebook_accel.platforms.cuda import CudaPlatform, detect_gpus
 from notebook_accel.platforms.hardware import GpuInfo, Hardware, XlaInfo, cpu_cores
-from notebook_accel.platforms.xla import XlaPlatform, detect_xla
+from notebook_accel.platforms.xla import XlaPlatform, check_tpu_in_process, detect_xla
 
 # In the order a launch prefers them when the caller does not choose.
 PLATFORMS: dict[str, Platform] = {
@@ -43,7 +44,10 @@ def platform_for_process() -> Platform:
     """The platform of a process outside any launch of ours.
 
     Under torchrun (or a process group the caller made) the group's backend
-    says which; otherwise a GPU when one is visible, else the CPU.
+    says which; otherwise a GPU when one is visible, then the TPU when the
+    machine has one (as Accelerate's `Accelerator()` in a TPU kernel), else the
+    CPU. A TPU this process cannot use raises, saying why: a CPU run that looks
+    like a TPU one is never the answer.
     """
     if dist.is_available() and dist.is_initialized():
         backend = dist.get_backend()
@@ -51,7 +55,23 @@ def platform_for_process() -> Platform:
             if platform.process_group_backend == backend:
                 return platform
         return PLATFORMS["cpu"]
-    return PLATFORMS["cuda" if torch.cuda.is_available() else "cpu"]
+    if torch.cuda.is_available():
+        return PLATFORMS["cuda"]
+    tpu = tpu_of_this_machine()
+    if tpu is not None:
+        check_tpu_in_process(tpu)
+        return PLATFORMS["xla"]
+    return PLATFORMS["cpu"]
+
+
+@functools.cache
+def tpu_of_this_machine() -> XlaInfo | None:
+    """The TPU this machine has, or None (XLA's CPU device does not count: it is opt-in).
+
+    Read once per process: every `PartialState()` asks, and the chips do not change.
+    """
+    info = detect_xla(os.environ)
+    return info if info is not None and info.device_type == "TPU" else None
 
 
 def detect_hardware() -> Hardware:

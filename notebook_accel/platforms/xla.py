@@ -24,8 +24,11 @@ every backend), and inside each forked worker calls torch_xla's own
 per-process code above, with torch_xla's own initialiser. What each worker
 does on the device is then exactly what it does under `xmp.spawn`.
 
-Nothing here imports torch_xla in the launching process: a kernel that never
-imported it cannot have started its runtime.
+Outside a launch: an `Accelerator()` (or `PartialState()`) made in a kernel on a
+TPU machine trains there, one process on the first core, as Accelerate's does.
+It imports torch_xla and names the device `xla:0` without starting the runtime;
+the runtime starts when a model or tensor first goes there, and from then on the
+kernel holds the TPU, so a launch asks for a restart first.
 """
 
 from __future__ import annotations
@@ -204,8 +207,9 @@ class XlaPlatform(Platform):
         if runtime_initialized_here():
             return (
                 "the XLA runtime is already initialised in this process (a cell touched an "
-                "XLA device: torch_xla.device(), xm.xla_device(), model.to('xla') or "
-                "xr.world_size()), and forked workers cannot use the TPU after that"
+                "XLA device: torch_xla.device(), xm.xla_device(), model.to('xla'), "
+                "xr.world_size(), or accelerator.prepare(model) with an Accelerator made "
+                "outside a launch), and forked workers cannot use the TPU after that"
             )
         return None
 
@@ -267,6 +271,8 @@ class XlaPlatform(Platform):
         return results[min(results)]
 
     def placement(self) -> tuple[int, int, int, int]:
+        if not _in_pjrt_process():
+            return 0, 1, 0, 1  # one process on the host's first core, as in Accelerate
         import_torch_xla()
         import torch_xla.runtime as xr
 
@@ -276,10 +282,17 @@ class XlaPlatform(Platform):
         pass  # torch_xla's initialiser already set the replication up
 
     def collectives(self) -> Collectives:
-        return XlaCollectives()
+        # Alone, a process has nothing to exchange: asking torch_xla for the world
+        # would start the runtime.
+        return XlaCollectives() if _in_pjrt_process() else Collectives()
 
     def device(self, local_rank: int) -> torch.device:
-        return import_torch_xla().device()
+        torch_xla = import_torch_xla()  # registers the "xla" device with torch
+        if not _in_pjrt_process():
+            # Named, not asked for: torch_xla.device() would start the runtime now and
+            # hold the TPU; it starts when the device is first used, as CUDA does.
+            return torch.device("xla", 0)
+        return torch_xla.device()
 
     def barrier(self) -> None:
         # Cut the graph first: a value read after the barrier on one process alone
@@ -330,6 +343,36 @@ def _xla_model() -> Any:
     import torch_xla.core.xla_model as xm
 
     return xm
+
+
+def _in_pjrt_process() -> bool:
+    """Whether this process is one of a launch's PJRT processes (ours or `xmp.spawn`'s).
+
+    Both set PJRT_LOCAL_PROCESS_COUNT before the function runs. Elsewhere (an
+    `Accelerator()` made in the kernel) the process trains alone.
+    """
+    return "PJRT_LOCAL_PROCESS_COUNT" in os.environ
+
+
+def check_tpu_in_process(info: XlaInfo) -> None:
+    """Raise, saying why and what to do, when this process cannot train on its TPU.
+
+    Asked when `Accelerator()` or `PartialState()` is made outside a launch on a
+    machine with a TPU: that process then trains on the TPU, never silently on the CPU.
+    """
+    where = describe_tpu(info)
+    start = f"{where[0].upper()}{where[1:]}, but Accelerator() cannot train on it in this process"
+    to_cpu = "To train on the CPU instead, pass cpu=True."
+    if not info.reachable:
+        device_file = "/dev/accelN" if info.chip in _ACCEL_CHIPS else "/dev/vfio/N"
+        raise RuntimeError(
+            f"{start}: its device files ({device_file}) are not here, so this process was "
+            f"not given the TPU{_how_to_get_the_tpu(info.platform)}. {to_cpu}"
+        )
+    if not _module_available("torch_xla"):
+        raise ImportError(f"{start}: {missing_torch_xla(info.platform)}. {to_cpu}")
+    if info.missing:
+        raise RuntimeError(f"{start}: {info.missing} is not installed. {to_cpu}")
 
 
 def _why_no_xla(environ: Mapping[str, str]) -> str:

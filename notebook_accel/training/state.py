@@ -120,9 +120,12 @@ class PartialState(_Place):
 
     Every instance in a process shares one state, as in Accelerate: the first
     creates it (inside a launched worker, joining the process group), the others
-    read it. In the kernel, outside any launch, it is rank 0 of 1 on the CPU, or
-    on the first GPU when one is visible (a `torch.device` object: CUDA itself
-    is not touched).
+    read it. In the kernel, outside any launch, it is rank 0 of 1: on the first
+    GPU when one is visible, else on the TPU's first core (`xla:0`, as Accelerate
+    does) when the machine has a TPU, else on the CPU. The device is a
+    `torch.device` object: neither CUDA nor the XLA runtime is started until it is
+    used. A TPU this process cannot use raises, saying why; `cpu=True` chooses
+    the CPU on purpose.
 
         state = PartialState()
         with state.split_between_processes(prompts) as mine:

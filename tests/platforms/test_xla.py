@@ -75,7 +75,8 @@ def fake_torch_xla(monkeypatch):
     return calls
 
 
-def test_worker_half_goes_through_torch_xla(fake_torch_xla):
+def test_worker_half_goes_through_torch_xla(fake_torch_xla, monkeypatch):
+    monkeypatch.setenv("PJRT_LOCAL_PROCESS_COUNT", "4")  # what torch_xla's initialisers set
     tpu = XlaPlatform()
     assert tpu.placement() == (5, 8, 1, 2)
     assert tpu.device(0) == torch.device("cpu")
@@ -93,3 +94,17 @@ def test_worker_half_goes_through_torch_xla(fake_torch_xla):
         "sync",
         "sync",
     ]
+
+
+def test_alone_outside_a_launch_the_runtime_is_not_asked(fake_torch_xla, monkeypatch):
+    """An Accelerator made in the kernel: one process on xla:0, runtime not started."""
+    monkeypatch.delenv("PJRT_LOCAL_PROCESS_COUNT", raising=False)
+    runtime = sys.modules["torch_xla.runtime"]
+    for name in ("global_ordinal", "world_size", "local_ordinal", "local_device_count"):
+        monkeypatch.setattr(runtime, name, lambda: pytest.fail("the runtime was asked"))
+    monkeypatch.setattr(sys.modules["torch_xla"], "device", lambda: pytest.fail("started"))
+    tpu = XlaPlatform()
+    assert tpu.placement() == (0, 1, 0, 1)
+    assert tpu.device(0) == torch.device("xla", 0)
+    collectives = tpu.collectives()
+    assert not isinstance(collectives, XlaCollectives) and collectives.world_size() == 1

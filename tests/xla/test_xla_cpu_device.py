@@ -54,7 +54,8 @@ def xla_python() -> Path:
 
 
 def xla_environment() -> dict[str, str]:
-    """This environment, without what would steer torch_xla or a launch elsewhere."""
+    """This environment, without what would steer torch_xla or a launch elsewhere, and
+    with this checkout on PYTHONPATH (the shared environment holds none)."""
     env = {
         name: value
         for name, value in os.environ.items()
@@ -62,7 +63,7 @@ def xla_environment() -> dict[str, str]:
         and name not in ("PYTHONPATH", "RANK", "WORLD_SIZE", "LOCAL_RANK")
     }
     env.update(PJRT_DEVICE="CPU", CPU_NUM_DEVICES="1")
-    return env
+    return make_env.environment(base=env)
 
 
 @pytest.fixture(scope="module")
@@ -147,3 +148,51 @@ def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, 
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert seen == {"first": "xla:0", "second": "xla:0", "warming": "done"}, seen
         assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_an_accelerator_made_outside_a_launch_trains_on_the_tpu(xla_python, tmp_path):
+    """As Accelerate's Accelerator() in a Colab TPU kernel: one process on xla:0."""
+    done = subprocess.run(
+        [str(xla_python), str(HERE / "scenario_kernel_accelerator.py")],
+        cwd=tmp_path,
+        env=xla_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["state"] == ["xla", "xla:0", 1]
+    assert not seen["started_by_the_state"]  # PartialState() alone does not claim the TPU
+    assert seen["accelerator"] == ["xla:0", 1]
+    assert seen["batches_on"] == ["xla:0"]
+    assert seen["matches_cpu"] and seen["reduced"] == 2.0
+    assert seen["started_by_training"]
+    assert (
+        "accelerator.prepare(model) with an Accelerator made outside a launch" in (seen["refused"])
+    )
+
+
+def test_the_shared_environment_points_at_no_checkout(xla_python):
+    """Each run brings its own checkout on PYTHONPATH; the environment holds none."""
+    assert make_env.checkout_pointer() == ""
+    found = Path(make_env.imported_from(xla_environment()))
+    assert found.is_relative_to(make_env.REPO)
+
+
+def test_two_checkouts_share_one_environment_and_each_runs_its_own(monkeypatch, tmp_path):
+    shared = make_env.venv_dir()
+    for checkout in (tmp_path / "one", tmp_path / "two"):
+        monkeypatch.setattr(make_env, "REPO", checkout)
+        assert make_env.venv_dir() == shared  # nothing of the checkout in its key
+        env = make_env.environment(checkout, base={"PYTHONPATH": "/elsewhere"})
+        assert env["PYTHONPATH"] == os.pathsep.join([str(checkout), "/elsewhere"])
+
+
+def test_the_xla_extra_pins_the_pair_this_environment_tests():
+    import tomllib
+
+    project = tomllib.loads((make_env.REPO / "pyproject.toml").read_text())["project"]
+    extra = project["optional-dependencies"]["xla"]
+    assert f"torch_xla[tpu]=={make_env.TORCH_XLA_VERSION}" in extra
+    assert f"torch=={make_env.TORCH_VERSION}" in extra

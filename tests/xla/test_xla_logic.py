@@ -431,3 +431,98 @@ def test_nothing_imports_torch_xla_before_the_fork(tmp_path):
         [sys.executable, "-c", script], env=env, cwd=REPO, capture_output=True, text=True
     )
     assert done.stdout.strip() == "ok", done.stderr
+
+
+# -- an Accelerator made outside a launch ------------------------------------------
+
+COLAB_TPU = XlaInfo("TPU", 1, 1, "v5e-1", "colab", chip="v5e")
+
+
+@pytest.fixture
+def kernel_on(monkeypatch):
+    """Put this process on a machine whose detection reports `info`, outside any launch."""
+    from notebook_accel import AcceleratorState
+
+    def on(info: XlaInfo | None) -> None:
+        monkeypatch.setattr(registry, "detect_xla", lambda environ: info)
+        registry.tpu_of_this_machine.cache_clear()
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+    for name in ("NOTEBOOK_ACCEL_BACKEND", "PJRT_LOCAL_PROCESS_COUNT", "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(registry.torch.cuda, "is_available", lambda: False)
+    yield on
+    registry.tpu_of_this_machine.cache_clear()
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_an_accelerator_outside_a_launch_trains_on_the_tpu(torch_xla_installed, kernel_on):
+    """As Accelerate's Accelerator() in a TPU kernel: one process on the first core."""
+    import torch
+
+    from notebook_accel import Accelerator, DistributedType, PartialState
+
+    kernel_on(COLAB_TPU)
+    accelerator = Accelerator()
+    assert accelerator.state.platform.name == "xla"
+    assert accelerator.device == torch.device("xla", 0)
+    assert (accelerator.num_processes, accelerator.process_index) == (1, 0)
+    assert accelerator.distributed_type == DistributedType.NO
+    assert PartialState().device == torch.device("xla", 0)
+    # Only named: the runtime starts when a model or tensor first goes there.
+    assert not torch_xla_installed._XLAC._xla_runtime_is_initialized()
+
+
+def test_cpu_true_trains_on_the_cpu_beside_a_tpu(torch_xla_installed, kernel_on):
+    import torch
+
+    from notebook_accel import Accelerator
+
+    kernel_on(COLAB_TPU)
+    assert Accelerator(cpu=True).device == torch.device("cpu")
+
+
+def test_xla_s_cpu_device_is_not_chosen_unasked(kernel_on):
+    from notebook_accel import Accelerator
+
+    kernel_on(XlaInfo("CPU", 1, 1))  # PJRT_DEVICE=CPU: for tests, opt-in like in launches
+    assert Accelerator().state.platform.name == "cpu"
+
+
+def test_a_tpu_without_torch_xla_is_refused_in_one_line(kernel_on):
+    """Never a CPU run that looks like a TPU one: the cause, the fix, and cpu=True."""
+    from notebook_accel import Accelerator
+
+    kernel_on(COLAB_TPU)
+    with pytest.raises(ImportError) as refused:
+        Accelerator()
+    message = str(refused.value)
+    assert message.startswith(
+        "This Colab runtime is a TPU v5e-1 (1 chip, 1 core), but Accelerator() cannot train "
+        "on it in this process: the XLA backend (TPUs) needs torch_xla, which is not installed: "
+    )
+    assert install_command() in message
+    assert message.endswith("To train on the CPU instead, pass cpu=True.")
+    assert "\n" not in message
+    assert Accelerator(cpu=True).state.platform.name == "cpu"
+
+
+def test_a_tpu_this_process_was_not_given_is_refused_in_one_line(torch_xla_installed, kernel_on):
+    from notebook_accel import PartialState
+
+    kernel_on(XlaInfo("TPU", 8, 1, "v5litepod-8", "kaggle", chip="v5e", reachable=False))
+    with pytest.raises(RuntimeError) as refused:
+        PartialState()
+    message = str(refused.value)
+    assert "its device files (/dev/vfio/N) are not here" in message
+    assert "'Always use latest environment'" in message
+    assert message.endswith("To train on the CPU instead, pass cpu=True.")
+    assert "\n" not in message
+
+
+def test_a_tpu_without_libtpu_is_refused(torch_xla_installed, kernel_on):
+    from notebook_accel import Accelerator
+
+    kernel_on(XlaInfo("TPU", 4, 1, missing="libtpu (pip install x)"))
+    with pytest.raises(RuntimeError, match=r"libtpu \(pip install x\) is not installed\. To"):
+        Accelerator()
