@@ -41,6 +41,7 @@ def open_group(
     with Rendezvous.for_plan(plan, forks=True) as rendezvous:
         spec = plan.worker_spec(rendezvous.port, attempt)
         group = WorkerGroup(dataclasses.replace(spec, commands=commands), emit, stop)
+        group.hang_after = plan.explain_hang_after
         try:
             group.start()
             rendezvous.serve()

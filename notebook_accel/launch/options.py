@@ -27,6 +27,9 @@ from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
 from notebook_accel.platforms.registry import PLATFORMS
 from notebook_accel.reporting.observers import OUTPUT_CHOICES
 
+# Workers that show no progress for this long are probably stuck: show where they are.
+HANG_AFTER_SECONDS = 120.0
+
 # Options Accelerate's notebook_launcher takes that have no use here; the
 # defaults are accepted so that ported code runs unchanged.
 ACCELERATE_ONLY = {
@@ -134,6 +137,17 @@ def _timeout(value: Any) -> float | None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
         raise ValueError(f"timeout={value!r} must be a positive number of seconds.")
+    return float(value)
+
+
+def _hang_after(value: Any) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(
+            f"explain_hang_after={value!r} must be a positive number of seconds, or None to "
+            "never show where a stalled run's ranks are."
+        )
     return float(value)
 
 
@@ -307,6 +321,15 @@ OPTIONS: dict[str, Option] = {
             None,
             "seconds for the whole run; then the workers are stopped and TimeoutError raised",
             _timeout,
+            "float | None",
+            parse=float,
+        ),
+        Option(
+            "explain_hang_after",
+            HANG_AFTER_SECONDS,
+            "seconds without progress (no output, step or event) after which the cell shows "
+            "where each rank is (its stack and collective); None: never",
+            _hang_after,
             "float | None",
             parse=float,
         ),

@@ -56,6 +56,8 @@ class LaunchPlan:
     output: str
     threads_per_process: int
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS
+    # Seconds without progress before the cell shows where each rank is (None: never).
+    explain_hang_after: float | None = None
     # A single worker runs in this process unless a caller (the panel, which
     # must be able to stop it) asks for a worker process anyway.
     single_in_process: bool = True
@@ -183,6 +185,7 @@ def plan_launch(
         devices=values["devices"],
         max_restarts=values["max_restarts"],
         timeout=values["timeout"],
+        explain_hang_after=values["explain_hang_after"],
         return_all=values["return_all"],
         output=values["output"],
         threads_per_process=values["threads_per_process"] or 1,
@@ -216,6 +219,7 @@ def _plan_on_cluster(function: Any, args: tuple, kwargs: dict, values: dict) -> 
         devices=None,
         max_restarts=values["max_restarts"],
         timeout=values["timeout"],
+        explain_hang_after=values["explain_hang_after"],
         return_all=values["return_all"],
         output=values["output"],
         threads_per_process=values["threads_per_process"] or 1,

@@ -50,6 +50,7 @@ from notebook_accel.launch.forking import (
     parent_only_fds,
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
+from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, explain
 
 # Imported here, in the launching process, so that forked workers inherit
 # the child's runtime and what it imports instead of each importing them
@@ -57,6 +58,7 @@ from notebook_accel.launch.fresh import FreshProcess, ship
 from notebook_accel.launch.worker import WorkerSpec, worker_main
 from notebook_accel.reporting.events import (
     OutputLine,
+    RanksStuck,
     ResourceSample,
     RunEvent,
     Unreadable,
@@ -76,6 +78,13 @@ KILL_REAP_SECONDS = 10.0
 RESOURCE_SAMPLE_SECONDS = 1.0
 # How long an exiting worker may take to become reportable after its sentinel closed.
 EXIT_STATUS_SECONDS = 1.0
+# Stop pressed after this long without progress: the run was stuck, and the cell shows
+# where each rank was before they are stopped.
+STUCK_ON_STOP_SECONDS = 5.0
+# How long the workers get to write their stacks, and how long after the last of them
+# started the launcher keeps reading (a dump arrives in a few pipe reads).
+STACKS_WAIT_SECONDS = 3.0
+STACKS_SETTLE_SECONDS = 0.3
 
 Emit = Callable[[RunEvent], None]
 
@@ -230,6 +239,8 @@ class _Worker:
     lost: str = ""
     # What faulthandler wrote to its stderr when it crashed (a fatal signal).
     fatal: FatalReport = field(default_factory=FatalReport)
+    # Its Python stacks, when the launcher asked for them (launch/stacks.py).
+    stacks: StackCapture = field(default_factory=StackCapture)
 
     @property
     def ended(self) -> bool:
@@ -264,6 +275,12 @@ class WorkerGroupBase:
         self.emit = emit
         self.stop_signal = stop
         self.workers: list[_Worker] = []
+        # After this many seconds without progress (no output, event or exit from any
+        # worker) the cell shows where each rank is; None: never (launch option
+        # explain_hang_after).
+        self.hang_after: float | None = None
+        self._last_progress = time.monotonic()
+        self._hang_explained = False
 
     # -- what a subclass provides --------------------------------------------------
 
@@ -343,6 +360,7 @@ class WorkerGroupBase:
             if stop is not None and stop is not self.stop_signal
             else contextlib.nullcontext()
         )
+        self._progressed()  # a wait starts: what came before (an idle live group) is no hang
         with listening:
             settle_until: float | None = None
             while not done():
@@ -351,16 +369,80 @@ class WorkerGroupBase:
                 if settle_until is None and deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError
                 if stop is not None and stop.is_set():
+                    self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
                 busy = between is not None and settle_until is None and between()
-                self._poll(until=time.monotonic() if busy else settle_until or deadline)
+                until = time.monotonic() if busy else settle_until or deadline
+                self._poll(until=self._hang_due(until))
                 self._reap_unseen_exits()
                 if settle_until is None and failed():
                     settle_until = time.monotonic() + self.settle_seconds
+                self._explain_if_hung()
+
+    # -- a run that makes no progress ------------------------------------------------
+
+    def _progressed(self) -> None:
+        self._last_progress = time.monotonic()
+        self._hang_explained = False
+
+    def _stalled_for(self) -> float:
+        return time.monotonic() - self._last_progress
+
+    def _hang_due(self, until: float | None) -> float | None:
+        """`until`, or sooner if the hang explanation falls due before it."""
+        if self.hang_after is None or self._hang_explained:
+            return until
+        due = self._last_progress + self.hang_after
+        return due if until is None else min(until, due)
+
+    def _explain_if_hung(self) -> None:
+        if self.hang_after is None or self._hang_explained:
+            return
+        if self._stalled_for() >= self.hang_after:
+            self._hang_explained = True  # once per stall: any progress re-arms it
+            self.explain_where(
+                f"no progress for {self.hang_after:g} s (no output, step or event from any "
+                "worker); the run goes on (explain_hang_after= sets when this is shown)"
+            )
+
+    def _explain_if_stuck(self) -> None:
+        if self._stalled_for() >= STUCK_ON_STOP_SECONDS:
+            self.explain_where(
+                f"Stop pressed after {self._stalled_for():.0f} s without progress; before "
+                "the workers are stopped"
+            )
+
+    def explain_where(self, reason: str) -> None:
+        """Ask every running worker for its Python stacks and show where each rank is
+        (an event the cell prints). Workers that cannot be signalled here are skipped."""
+        running = [w for w in self.workers if not w.ended]
+        asked = []
+        for worker in running:
+            worker.stacks.expect()
+            try:
+                self.signal(worker.rank, STACK_SIGNAL)
+            except NotImplementedError:  # workers elsewhere (a cluster's): no signal to send
+                worker.stacks.finish()
+                continue
+            asked.append(worker)
+        if not asked:
+            return
+        deadline = time.monotonic() + STACKS_WAIT_SECONDS
+        answered_at: float | None = None
+        while time.monotonic() < deadline:
+            if answered_at is None and all(w.stacks.threads or w.ended for w in asked):
+                answered_at = time.monotonic()
+            if answered_at is not None and time.monotonic() >= answered_at + STACKS_SETTLE_SECONDS:
+                break
+            self._poll(until=min(deadline, time.monotonic() + 0.05))
+        stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
+        ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
+        self.emit(RanksStuck(explain(reason, stacks, ended)))
 
     def _take(self, pipe: _Pipe, data: bytes) -> None:
         if pipe.reader is not None:
             for event in pipe.reader.feed(data):
+                self._progressed()
                 self._on_event(pipe.worker, event)
         else:
             self._emit_lines(pipe, pipe.lines.feed(data))
@@ -368,7 +450,10 @@ class WorkerGroupBase:
     def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
         for line in lines:
             if pipe.stream == "stderr":
+                if pipe.worker.stacks.take(line):  # asked for: shown in the explanation
+                    continue
                 pipe.worker.fatal.feed(line)
+            self._progressed()
             self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
 
     def _on_event(self, worker: _Worker, event: RunEvent) -> None:
@@ -390,6 +475,7 @@ class WorkerGroupBase:
         everything it wrote before has been taken."""
         worker.exitcode, worker.lost = exitcode, lost
         worker.noticed_at = time.time()
+        self._progressed()
         self.emit(WorkerExited(worker.rank, exitcode))
 
     def failed_workers(self) -> list[_Worker]:
@@ -710,6 +796,18 @@ class WorkerGroup(WorkerGroupBase):
                 worker.process.close()
         for fd in list(self._pipes):  # none should be left; close them all the same
             self._close(fd)
+
+
+def _how_it_ended(worker: _Worker) -> str:
+    if worker.lost:
+        return f"lost ({worker.lost})"
+    if worker.error is not None:
+        return f"raised {worker.error.exception.splitlines()[0] if worker.error.exception else ''}"
+    if worker.exitcode == 0:
+        return "finished (exited with code 0)"
+    if worker.exitcode is not None and worker.exitcode < 0:
+        return f"was killed by {signal.Signals(-worker.exitcode).name}"
+    return f"exited with code {worker.exitcode}"
 
 
 def _end_processes(workers: list[_Worker]) -> None:

@@ -29,6 +29,7 @@ from typing import Any, NoReturn
 
 from notebook_accel.config.settings import ENV_BACKEND
 from notebook_accel.launch.channel import ChannelWriter
+from notebook_accel.launch.stacks import STACK_SIGNAL
 from notebook_accel.launch.warm import imported_since
 from notebook_accel.platforms.registry import PLATFORMS
 
@@ -428,6 +429,9 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.
     faulthandler.disable()
     faulthandler.enable(file=sys.stderr)
+    # On the launcher's request (a run that makes no progress), every thread's stack
+    # to stderr: written from C, so it comes even from inside a collective that waits.
+    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
     for handler in _all_stream_handlers():
         which = old_streams.get(id(handler.stream))
         if which is not None:

@@ -136,6 +136,14 @@ class Restarting:
 
 
 @dataclass(frozen=True)
+class RanksStuck:
+    """The workers made no progress for a while (or were stopped while stuck): where each
+    rank is, its collective and its Python stack, as text for the cell."""
+
+    text: str
+
+
+@dataclass(frozen=True)
 class RunEnded:
     """The run is over: `error` is None when it finished, else what the caller receives."""
 
@@ -155,5 +163,6 @@ RunEvent = (
     | WorkerExited
     | AttemptStarted
     | Restarting
+    | RanksStuck
     | RunEnded
 )

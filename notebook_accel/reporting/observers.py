@@ -13,7 +13,7 @@ import sys
 import warnings
 from typing import TYPE_CHECKING
 
-from notebook_accel.reporting.events import OutputLine, Restarting, RunEnded
+from notebook_accel.reporting.events import OutputLine, RanksStuck, Restarting, RunEnded
 from notebook_accel.reporting.report import RunReport, rank_prefix
 
 if TYPE_CHECKING:
@@ -41,6 +41,9 @@ class ConsoleObserver(RunObserver):
             self._write_line(event)
         elif isinstance(event, Restarting):
             self._announce_restart(event)
+        elif isinstance(event, RanksStuck):
+            sys.stderr.write(event.text)
+            sys.stderr.flush()
 
     def _write_line(self, event: OutputLine) -> None:
         if self.output == "none" or (self.output == "main" and event.rank != self.main_rank):
