@@ -36,6 +36,7 @@ def open_group(
 
         opening = open_cluster_group(plan, emit, stop, attempt, commands, interrupt or stop)
         with opening as group:
+            group.hang_after = plan.explain_hang_after
             yield group
         return
     with Rendezvous.for_plan(plan, forks=True) as rendezvous:

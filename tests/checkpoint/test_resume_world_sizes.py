@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from separate_dirs import StepCounter
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import (
@@ -25,19 +26,6 @@ from notebook_accel.training import fsdp as fsdp_module
 
 BATCH, STEPS_PER_EPOCH, EPOCHS, ACCUMULATE = 2, 8, 2, 2
 STOP_AT = 12  # batches: half way through the second epoch, after an optimizer step
-
-
-class BatchCounter:
-    """Batches trained on, saved with the checkpoint."""
-
-    def __init__(self) -> None:
-        self.batches = 0
-
-    def state_dict(self) -> dict:
-        return {"batches": self.batches}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.batches = state["batches"]
 
 
 def train(
@@ -72,7 +60,7 @@ def train(
     data = TensorDataset(torch.randn(samples, 6, generator=g), torch.randn(samples, 1, generator=g))
     loader = DataLoader(data, batch_size=BATCH, shuffle=True)
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    counter = BatchCounter()
+    counter = StepCounter()  # batches, here
     accelerator.register_for_checkpointing(counter)
     if resume:
         accelerator.load_state(folder)
@@ -83,8 +71,8 @@ def train(
                 accelerator.backward(loss)
                 optimizer.step()
                 optimizer.zero_grad()
-            counter.batches += 1
-            if counter.batches == stop_at:
+            counter.steps += 1
+            if counter.steps == stop_at:
                 accelerator.save_state(folder)
                 return None
     parameters = accelerator.unwrap_model(model).parameters()

@@ -79,7 +79,7 @@ def test_gpu_tensors_are_sent_as_cpu_copies_placed_by_each_worker():
         f"""
         import os, pickle, sys
         os.environ[{ENV_BACKEND!r}] = "cpu"
-        payload, sources = pickle.loads(sys.stdin.buffer.read())
+        payload, sources, changed = pickle.loads(sys.stdin.buffer.read())
         value = pickle.loads(payload)[1][0]["x"]
         print(type(value).__name__, value.device.type, value.tolist())
         """

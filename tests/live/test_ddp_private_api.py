@@ -28,6 +28,7 @@ from torch.nn.parallel import DistributedDataParallel
 from notebook_accel import WorkerError
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.config.kwargs import DistributedDataParallelKwargs
+from notebook_accel.launch.forking import heap_frozen
 from notebook_accel.live import regroup, start_workers
 
 pytestmark = pytest.mark.timeout(120)
@@ -49,9 +50,10 @@ def on_two_ranks(scenario: Callable[..., dict[str, Any]], *args: Any) -> list[di
     the fork (a thread running during a fork can leave a lock held in the child)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        context = mp.start_processes(
-            _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
-        )
+        with heap_frozen():  # as a launch forks: what an earlier test left is not collected
+            context = mp.start_processes(
+                _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
+            )
         try:
             store = dist.TCPStore(
                 "127.0.0.1",

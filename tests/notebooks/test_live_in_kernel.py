@@ -125,6 +125,16 @@ def test_live_workers_survive_what_a_notebook_user_does(tmp_path):
     assert "'a new group'" in outputs_text(restarted)
 
 
+def _executed(cells: list[str], folder) -> nbformat.NotebookNode:
+    """A notebook of `cells`, run back to back in a real kernel started in `folder`."""
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in cells]
+    NotebookClient(
+        notebook, timeout=90, kernel_name="python3", resources={"metadata": {"path": str(folder)}}
+    ).execute()
+    return notebook
+
+
 DEFINITION_CELLS = [
     """
 import torch
@@ -179,14 +189,7 @@ workers.run(bump_twice), workers.run(bump_twice)
 def test_helpers_and_classes_from_the_notebook_see_the_workers_names_and_their_edits(tmp_path):
     """A function a call uses (not only the one called) reads the workers' names, and
     an edited definition replaces the one the workers had from an earlier call."""
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in DEFINITION_CELLS]
-    NotebookClient(
-        notebook,
-        timeout=90,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()
+    notebook = _executed(DEFINITION_CELLS, tmp_path)
     _, _, first, edited, bumped, on_workers, _ = notebook.cells
     assert outputs_text(first).strip() == "6.0"  # the workers' ones, not the kernel's zeros
     assert outputs_text(edited).strip() == "60.0"
@@ -225,14 +228,7 @@ def test_a_value_the_kernel_changes_reaches_the_workers_but_not_over_their_own(t
     """`lr = ...` edited in the kernel reaches the workers at the next call; a value a
     worker set itself stays; a model trained in place on the workers stays until the
     kernel makes a new one."""
-    notebook = nbformat.v4.new_notebook()
-    notebook.cells = [nbformat.v4.new_code_cell(source.strip()) for source in CHANGED_VALUE_CELLS]
-    NotebookClient(
-        notebook,
-        timeout=90,
-        kernel_name="python3",
-        resources={"metadata": {"path": str(tmp_path)}},
-    ).execute()
+    notebook = _executed(CHANGED_VALUE_CELLS, tmp_path)
     trained, edited, _, own, replaced, _ = notebook.cells
     assert outputs_text(trained).strip() == "(0.1, 14.0)"  # not the kernel's untrained copy
     assert outputs_text(edited).strip() == "(0.001, 14.0)"

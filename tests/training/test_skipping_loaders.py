@@ -19,6 +19,7 @@ from notebook_accel.data_loader import (
     prepare_data_loader,
     skip_first_batches,
 )
+from notebook_accel.training import data as data_module
 
 
 class Stream(IterableDataset):
@@ -68,7 +69,8 @@ def test_skip_batch_sampler_lets_prepare_share_the_shuffle_of_the_sampler_inside
     assert inner.sampler is seedable and len(list(skipping)) == 3
 
 
-def test_the_prepared_loader_is_a_dispatcher_under_dispatch_batches_and_pickles():
+def test_the_prepared_loader_is_a_dispatcher_under_dispatch_batches_and_pickles(monkeypatch):
+    monkeypatch.setattr(data_module, "_warned_dispatch", False)  # warned once per process
     data = DataLoader(list(range(10)), batch_size=2)
     for dispatch, kind in ((False, DataLoaderShard), (True, DataLoaderDispatcher)):
         config = DataLoaderConfiguration(dispatch_batches=dispatch)
