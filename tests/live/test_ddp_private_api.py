@@ -28,7 +28,6 @@ from torch.nn.parallel import DistributedDataParallel
 from notebook_accel import WorkerError
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.config.kwargs import DistributedDataParallelKwargs
-from notebook_accel.launch.forking import heap_frozen
 from notebook_accel.live import regroup, start_workers
 
 pytestmark = pytest.mark.timeout(120)
@@ -50,10 +49,9 @@ def on_two_ranks(scenario: Callable[..., dict[str, Any]], *args: Any) -> list[di
     the fork (a thread running during a fork can leave a lock held in the child)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        with heap_frozen():  # as a launch forks: what an earlier test left is not collected
-            context = mp.start_processes(
-                _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
-            )
+        context = mp.start_processes(
+            _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
+        )
         try:
             store = dist.TCPStore(
                 "127.0.0.1",
@@ -74,6 +72,10 @@ def on_two_ranks(scenario: Callable[..., dict[str, Any]], *args: Any) -> list[di
 
 
 def _run(rank: int, port: int, scenario: Callable[..., dict[str, Any]], args: tuple) -> None:
+    # As a launched worker does: a test before this one may have run a parallel op in this
+    # process, and a forked child's first parallel op then crashes or waits on the
+    # parent's OpenMP threads, gone here (libgomp is not fork-safe).
+    torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
     dist.init_process_group(
         "gloo", store=dist.PrefixStore("old/", store), rank=rank, world_size=WORLD, timeout=TIMEOUT
