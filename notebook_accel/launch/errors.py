@@ -33,19 +33,22 @@ class WorkerFailure:
         except ValueError:
             return f"signal {-self.exitcode}"
 
+    @property
+    def how(self) -> str:
+        """How it ended: "raised ...", "was killed by SIGKILL", "exited with code 1", ..."""
+        if self.lost:
+            return f"was lost: {self.lost}"
+        if self.exception:
+            return f"raised {self.exception.splitlines()[0]}"
+        if self.signal_name:
+            return f"was killed by {self.signal_name}"
+        if self.exitcode is None:
+            return "stopped responding"
+        return f"exited with code {self.exitcode}"
+
     def describe(self) -> str:
         who = f"worker rank {self.rank}" + (f" on {self.where}" if self.where else "")
-        if self.lost:
-            how = f"was lost: {self.lost}"
-        elif self.exception:
-            how = f"raised {self.exception.splitlines()[0]}"
-        elif self.signal_name:
-            how = f"was killed by {self.signal_name}"
-        elif self.exitcode is None:
-            how = "stopped responding"
-        else:
-            how = f"exited with code {self.exitcode}"
-        return f"{who} {how}"
+        return f"{who} {self.how}"
 
 
 class WorkerError(RuntimeError, ChildFailedError):

@@ -494,17 +494,7 @@ class WorkerGroupBase:
                 return (0, worker.noticed_at)
             return (1, worker.error.time)
 
-        return [
-            WorkerFailure(
-                rank=worker.rank,
-                exitcode=worker.exitcode,
-                traceback=worker.error.traceback if worker.error else worker.fatal.text,
-                exception=worker.error.exception if worker.error else "",
-                where=worker.where,
-                lost=worker.lost,
-            )
-            for worker in sorted(workers, key=order)
-        ]
+        return [_failure_of(worker) for worker in sorted(workers, key=order)]
 
     def _ended_workers(self) -> list[_Worker]:
         return [w for w in self.workers if w.error is not None or w.ended]
@@ -798,16 +788,22 @@ class WorkerGroup(WorkerGroupBase):
             self._close(fd)
 
 
+def _failure_of(worker: _Worker) -> WorkerFailure:
+    return WorkerFailure(
+        rank=worker.rank,
+        exitcode=worker.exitcode,
+        traceback=worker.error.traceback if worker.error else worker.fatal.text,
+        exception=worker.error.exception if worker.error else "",
+        where=worker.where,
+        lost=worker.lost,
+    )
+
+
 def _how_it_ended(worker: _Worker) -> str:
-    if worker.lost:
-        return f"lost ({worker.lost})"
-    if worker.error is not None:
-        return f"raised {worker.error.exception.splitlines()[0] if worker.error.exception else ''}"
-    if worker.exitcode == 0:
+    failure = _failure_of(worker)
+    if worker.exitcode == 0 and not failure.exception and not failure.lost:
         return "finished (exited with code 0)"
-    if worker.exitcode is not None and worker.exitcode < 0:
-        return f"was killed by {signal.Signals(-worker.exitcode).name}"
-    return f"exited with code {worker.exitcode}"
+    return failure.how
 
 
 def _end_processes(workers: list[_Worker]) -> None:
