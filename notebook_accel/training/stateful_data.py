@@ -40,14 +40,28 @@ def stateful_data_loader() -> type:
     return module.StatefulDataLoader
 
 
-class _StatefulShard:
-    """What a prepared loader changes to be a `StatefulDataLoader` (mixed in before it)."""
+class _MadeAtRunTime:
+    """Pickling for a loader class combined with StatefulDataLoader at run time, which
+    pickle cannot find by its name: it is made again from `_made_from` (the function that
+    combined it, and the class it combined), and torchdata's last iterator, which cannot
+    be pickled (nor needs to be: the next pass makes one), is left out."""
 
     use_stateful_dataloader = True
-    _base_class: type  # the DataLoaderShard class it was made from
+    _made_from: tuple[Any, type]
 
     def __reduce_ex__(self, protocol: int) -> tuple:
-        return remade, (self._base_class,), without_iterator(self.__dict__)
+        state = self.__dict__
+        state = {**state, "_iterator": None} if "_iterator" in state else state
+        return _remade, self._made_from, state
+
+
+def _remade(combine: Any, base: type) -> Any:
+    cls = combine(base)
+    return cls.__new__(cls)
+
+
+class _StatefulShard(_MadeAtRunTime):
+    """What a prepared loader changes to be a `StatefulDataLoader` (mixed in before it)."""
 
     _stateful_class: type  # torchdata's StatefulDataLoader, set by stateful_loader_class
 
@@ -117,7 +131,7 @@ def _combined(base: type, stateful: type) -> type:
             "__module__": __name__,
             "__doc__": base.__doc__,
             "_stateful_class": stateful,
-            "_base_class": base,
+            "_made_from": (stateful_loader_class, base),
         },
     )
 
@@ -129,35 +143,12 @@ def stateful_skip_loader_class(base: type) -> type:
 
 @functools.cache
 def _plain_combined(base: type, stateful: type) -> type:
-    def __reduce_ex__(self: Any, protocol: int) -> tuple:
-        return remade_skip_loader, (base,), without_iterator(self.__dict__)
-
     return type(
         f"Stateful{base.__name__}",
-        (base, stateful),
+        (_MadeAtRunTime, base, stateful),
         {
             "__module__": __name__,
             "__doc__": base.__doc__,
-            "use_stateful_dataloader": True,
-            "__reduce_ex__": __reduce_ex__,
+            "_made_from": (stateful_skip_loader_class, base),
         },
     )
-
-
-def remade_skip_loader(base: type) -> Any:
-    """An empty SkipDataLoader of `base` made stateful, for unpickling."""
-    cls = stateful_skip_loader_class(base)
-    return cls.__new__(cls)
-
-
-def without_iterator(state: dict) -> dict:
-    """A loader's attributes to pickle: torchdata keeps its last iterator, which cannot be
-    pickled (nor needs to be: the next pass makes one)."""
-    return {**state, "_iterator": None} if "_iterator" in state else state
-
-
-def remade(base: type) -> Any:
-    """An empty loader of `base` made stateful, for unpickling (the combined class is made
-    at run time, so pickle cannot find it by its name)."""
-    cls = stateful_loader_class(base)
-    return cls.__new__(cls)
