@@ -28,7 +28,7 @@ from torch.utils.data.dataloader import _DatasetKind
 from notebook_accel.training import ops
 from notebook_accel.training.nested import apply_to_tensors
 from notebook_accel.training.optimizers import GradientState
-from notebook_accel.training.seeding import preserved_rng_states, rng_states, set_rng_states
+from notebook_accel.training.seeding import preserved_rng_states, set_rng_states
 from notebook_accel.training.sharding import SeedableRandomSampler
 
 _END = object()
@@ -197,9 +197,11 @@ class DataLoaderShard(DataLoader):
         self.remainder = -1
         self._position = 0  # batches of the current epoch already yielded
         self._resume_skip = 0  # batches the next pass skips (set by a resume)
-        # The generators just before the latest read-ahead, and on a resume, those
-        # to read the saved run's read-ahead batch with again.
-        self._rng_before_read_ahead: dict | None = None
+        # The batch read ahead of the one in use (a save records it: see __iter__).
+        self._read_ahead: Any = _END
+        # On a resume: the saved run's read-ahead batch (in a 1-tuple), or, from an
+        # older checkpoint that recorded none, the generator states to read it again with.
+        self._resume_batch: tuple | None = None
         self._resume_rng_states: dict | None = None
         self._index_skip = 0  # handed to the index sampler when torch builds an iterator
         self._pass_generator_state: torch.Tensor | None = None
@@ -234,7 +236,7 @@ class DataLoaderShard(DataLoader):
     def _cancel_resume(self) -> None:
         """Forget a loaded position: the next pass starts its epoch from the beginning."""
         self._resume_skip = 0
-        self._resume_rng_states = None
+        self._resume_batch = self._resume_rng_states = None
 
     def _snapshot(self) -> None:
         """Called with each batch read, before the next one is read ahead (a hook for
@@ -274,30 +276,35 @@ class DataLoaderShard(DataLoader):
 
     def __iter__(self) -> Iterator[Any]:
         skip, self._resume_skip = self._resume_skip or self.skip_batches, 0
+        saved, self._resume_batch = self._resume_batch, None
+        replay, self._resume_rng_states = self._resume_rng_states, None
         self._start()
         self._position = skip
         try:
             # A resumed pass re-creates what the saved run had already done when
             # it saved (the iterator, whose creation draws a seed from the global
             # generator, and the batch read ahead), so it must not move any
-            # generator: the saved states already include those draws.
+            # generator: the saved states already include those draws. The batch
+            # the saved run had read ahead comes from the checkpoint itself (random
+            # transforms in the dataset drew it with generators as they were before
+            # the read-ahead, which no save can know later); the one read here
+            # again only moves the iterator past it.
             with preserved_rng_states() if skip else contextlib.nullcontext():
                 batches = self._batches(skip)
-                if skip and self._resume_rng_states is not None:
-                    # The batch read ahead at the save was drawn with the generators
-                    # as they were then (random transforms in the dataset): again.
-                    set_rng_states(self._resume_rng_states)
+                if skip and saved is None and replay is not None:
+                    set_rng_states(replay)
                 current = next(batches, _END)
-            self._resume_rng_states = None
+                if saved is not None:
+                    current = saved[0]
             ahead = self._copies_ahead
             if ahead and current is not _END:
                 current = self._to_device(current)
             while current is not _END:
                 if not ahead:
                     current = self._to_device(current)
-                self._rng_before_read_ahead = rng_states()
                 self._snapshot()
                 following = next(batches, _END)
+                self._read_ahead = following
                 self.end_of_dataloader = following is _END
                 if ahead and following is not _END:
                     following = self._to_device(following)  # overlaps this batch's step
@@ -307,6 +314,7 @@ class DataLoaderShard(DataLoader):
             self.iteration += 1
             self._position = 0
         finally:
+            self._read_ahead = _END
             self.gradient_state.active_dataloaders.remove(self)
 
     def _batches(self, skip: int) -> Iterator[Any]:
@@ -331,7 +339,8 @@ class DataLoaderShard(DataLoader):
         return None
 
     def state_dict(self) -> dict:
-        """Where this loader stands: epoch, batches of it yielded, and the shuffle state."""
+        """Where this loader stands: epoch, batches of it yielded, the shuffle state, and
+        the batch already read ahead (a resume hands it out first, exactly as it was)."""
         generator = self._shuffle_generator()
         if self._position:
             generator_state = self._pass_generator_state
@@ -343,14 +352,18 @@ class DataLoaderShard(DataLoader):
             "batches_yielded": self._position,
             "generator_state": generator_state,
             "sampler_seed": getattr(sampler, "initial_seed", None),
-            "rng_before_read_ahead": self._rng_before_read_ahead if self._position else None,
+            # the next batch, already read (as it was before any copy to the device)
+            "read_ahead": (self._read_ahead,)
+            if self._position and self._read_ahead is not _END
+            else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
         """Resume at `state`: the next pass continues its epoch after the batches yielded."""
         self.set_epoch(state["epoch"])
         self._resume_skip = state["batches_yielded"]
-        self._resume_rng_states = state.get("rng_before_read_ahead")
+        self._resume_batch = state.get("read_ahead")
+        self._resume_rng_states = state.get("rng_before_read_ahead")  # an older checkpoint
         generator = self._shuffle_generator()
         if generator is not None and state.get("generator_state") is not None:
             generator.set_state(state["generator_state"])

@@ -37,3 +37,28 @@ def test_the_batch_read_ahead_at_the_save_is_drawn_again_the_same(tmp_path):
     accelerator.load_state(tmp_path / "state")
     resumed += [batch.flatten().tolist() for batch in loader]
     assert resumed == uninterrupted
+
+
+def test_a_checkpoint_without_the_batch_read_ahead_draws_it_again(tmp_path):
+    """Checkpoints saved before loaders recorded their read-ahead batch held the
+    generator states before it instead: they resume exactly too."""
+    from notebook_accel.training.seeding import rng_states
+
+    _, loader = prepared()
+    uninterrupted = [batch.flatten().tolist() for batch in loader]
+
+    accelerator, loader = prepared()
+    batches = iter(loader)
+    resumed = [next(batches).flatten().tolist() for _ in range(2)]
+    before_read_ahead = rng_states()  # the call below reads batch 3 ahead
+    resumed.append(next(batches).flatten().tolist())
+    accelerator.save_state(tmp_path / "state")
+    older = {**loader.state_dict(), "read_ahead": None}
+    older["rng_before_read_ahead"] = before_read_ahead
+    batches.close()
+
+    accelerator, loader = prepared()
+    accelerator.load_state(tmp_path / "state")
+    loader.load_state_dict(older)
+    resumed += [batch.flatten().tolist() for batch in loader]
+    assert resumed == uninterrupted
