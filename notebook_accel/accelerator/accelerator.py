@@ -515,26 +515,14 @@ class Accelerator:
             loss = self.scaler.scale(loss)
         loss.backward(**kwargs)
 
-    @contextlib.contextmanager
-    def accumulate(self, *models: torch.nn.Module) -> Iterator[None]:
+    def accumulate(self, *models: torch.nn.Module) -> contextlib.AbstractContextManager[None]:
         """One micro-step of gradient accumulation.
 
         Sets `sync_gradients` (True every `gradient_accumulation_steps` calls and
         on the last batch of a prepared DataLoader); on the other steps the
         optimizers do nothing and `models` skip the gradient all-reduce.
         """
-        state = self.gradient_state
-        if state.end_of_dataloader and state.sync_with_dataloader:
-            self.step = 0
-            state.sync_gradients = True
-        else:
-            self.step += 1
-            state.sync_gradients = self.step % self.gradient_accumulation_steps == 0
-        with contextlib.ExitStack() as stack:
-            if not (self.sync_gradients or state.sync_each_batch):
-                for model in models:
-                    stack.enter_context(self.no_sync(model))
-            yield
+        return _MicroStep(self, models)
 
     @contextlib.contextmanager
     def no_sync(self, model: torch.nn.Module) -> Iterator[None]:
@@ -1121,3 +1109,34 @@ def _offloaded_weights_read_back(model: torch.nn.Module) -> dict[str, torch.Tens
     if not hooks.has_offloaded_weights(model):
         return None
     return hooks.get_state_dict_offloaded_model(model)
+
+
+class _MicroStep:
+    """What `Accelerator.accumulate` returns: a plain class rather than a generator-based
+    context manager, since it wraps every training step (bench/step.py)."""
+
+    __slots__ = ("_accelerator", "_models", "_no_sync")
+
+    def __init__(self, accelerator: Accelerator, models: tuple[torch.nn.Module, ...]) -> None:
+        self._accelerator = accelerator
+        self._models = models
+        self._no_sync: contextlib.ExitStack | None = None
+
+    def __enter__(self) -> None:
+        accelerator = self._accelerator
+        state = accelerator.gradient_state
+        if state.end_of_dataloader and state.sync_with_dataloader:
+            accelerator.step = 0
+            state.sync_gradients = True
+        else:
+            accelerator.step += 1
+            state.sync_gradients = accelerator.step % state.num_steps == 0
+        if not (state.sync_gradients or state.sync_each_batch) and self._models:
+            with contextlib.ExitStack() as stack:  # left open only once every model is in
+                for model in self._models:
+                    stack.enter_context(accelerator.no_sync(model))
+                self._no_sync = stack.pop_all()
+
+    def __exit__(self, *exc_info: Any) -> bool:
+        stack, self._no_sync = self._no_sync, None
+        return bool(stack is not None and stack.__exit__(*exc_info))
