@@ -5,16 +5,22 @@ MLP (3 linear layers of width 512, batch 64 per process, SGD, synthetic data):
   hand-written  DistributedDataParallel + DistributedSampler, plain loop
   notebook_accel  Accelerator().prepare(...) with accumulate/backward
   accelerate    Accelerate 1.15's Accelerator, when installed
-All run in the same workers, interleaved over several rounds (the median
-counts), from the same initial weights on the same data; the script checks
-that they end with the same weights and prints steps/s and the ratios.
+from the same initial weights on the same data; the script checks that they
+end with the same weights.
 
-    python bench/step.py [--steps 150] [--rounds 3]
+Shared 2-core machines drift by 10-20% within seconds, so the loops take turns
+in short passes (the order reversed every round) and each ratio is the median
+of the ratios of passes run next to each other:
+
+    python bench/step.py [--steps 60] [--rounds 15]   one launch, loops take turns
+    python bench/step.py --separate [--rounds 5]      each pass in a launch of its own
+    python bench/step.py --breakdown                  where a step's time goes
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 
@@ -24,6 +30,9 @@ from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 from notebook_accel import notebook_launcher
 
 WIDTH, CLASSES, BATCH, WORKERS = 512, 10, 64, 2
+REFERENCE = "hand-written DDP"
+# The phases of one step that --breakdown times, in order.
+PHASES = ("next batch", "enter accumulate", "forward", "backward", "step", "zero_grad", "exit")
 
 
 def _model() -> torch.nn.Module:
@@ -45,48 +54,59 @@ def _dataset(steps: int) -> TensorDataset:
     )
 
 
-def _timed(loop, warmup: int = 10) -> tuple[float, list[torch.Tensor]]:
-    """Run `loop`, which yields the model after every step; steps/s after the warm-up."""
-    start, steps, last = 0.0, 0, None
-    for steps, last in enumerate(loop(), start=1):  # noqa: B007 - `last` is used after
-        if steps == warmup:
-            start = time.perf_counter()
-    rate = (steps - warmup) / (time.perf_counter() - start)
-    return rate, [p.detach().clone() for p in last.parameters()]
+def _lockstep(loops: dict, steps: int, warmup: int = 5) -> tuple[dict, dict]:
+    """Run the loops a step each in turn: the seconds of each loop's steps after the
+    warm-up, and its weights at the end. Speeds come from the median step (a mean
+    would count the machine's hiccups).
+
+    Every step of one loop is timed next to a step of each other loop, so a machine
+    that drifts, as shared machines do within seconds, slows them all alike.
+    """
+    running = {name: loop(steps) for name, loop in loops.items()}
+    times: dict[str, list[float]] = {name: [] for name in loops}
+    last = {}
+    clock = time.perf_counter
+    for _ in range(steps):
+        for name, steps_of in running.items():
+            before = clock()
+            last[name] = next(steps_of)
+            times[name].append(clock() - before)
+    for steps_of in running.values():
+        next(steps_of, None)  # each loop's pass ends as it would on its own
+    rates = {name: t[warmup:] for name, t in times.items()}
+    weights = {
+        name: [p.detach().clone() for p in model.parameters()] for name, model in last.items()
+    }
+    return rates, weights
 
 
-def hand_written(steps: int):
+def hand_written(steps: int, phases: dict | None = None):
+    """The plain loop; with `phases`, the time of each phase is added to it."""
     from torch.nn.parallel import DistributedDataParallel
 
     data = _dataset(steps)
-    sampler = DistributedSampler(data, shuffle=False)
-    loader = DataLoader(data, batch_size=BATCH, sampler=sampler)
+    loader = DataLoader(data, batch_size=BATCH, sampler=DistributedSampler(data, shuffle=False))
     model = DistributedDataParallel(_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    for x, y in loader:
-        loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-        yield model.module
+    yield from _loop(loader, model, opt, contextlib.nullcontext, _plain_backward, phases)
 
 
-def ours(steps: int):
+def ours(steps: int, phases: dict | None = None):
     from notebook_accel import Accelerator
 
-    yield from _accelerated_loop(Accelerator(), steps)
+    yield from _accelerated_loop(Accelerator(), steps, phases)
 
 
-def theirs(steps: int):
+def theirs(steps: int, phases: dict | None = None):
     import accelerate
     from accelerate.state import AcceleratorState, GradientState
 
     AcceleratorState._reset_state(reset_partial_state=True)
     GradientState._reset_state()
-    yield from _accelerated_loop(accelerate.Accelerator(cpu=True), steps)
+    yield from _accelerated_loop(accelerate.Accelerator(cpu=True), steps, phases)
 
 
-def _accelerated_loop(acc, steps: int):
+def _accelerated_loop(acc, steps: int, phases: dict | None):
     """The same training code for both Accelerators: porting is an import change."""
     model = _model()
     model, opt, loader = acc.prepare(
@@ -94,58 +114,159 @@ def _accelerated_loop(acc, steps: int):
         torch.optim.SGD(model.parameters(), lr=0.01),
         DataLoader(_dataset(steps), batch_size=BATCH),
     )
-    for x, y in loader:
-        with acc.accumulate(model):
-            acc.backward(torch.nn.functional.cross_entropy(model(x), y))
-            opt.step()
-            opt.zero_grad()
-        yield acc.unwrap_model(model)
+    yield from _loop(loader, model, opt, lambda: acc.accumulate(model), acc.backward, phases)
 
 
-def worker(steps: int, rounds: int) -> dict:
+def _plain_backward(loss: torch.Tensor) -> None:
+    loss.backward()
+
+
+def _loop(loader, model, opt, accumulate, backward, phases: dict | None):
+    """`for x, y in loader: with accumulate(): backward(loss(model(x), y)); step; zero_grad`,
+    yielding the bare model after each step; with `phases`, timing each part."""
+    unwrapped = getattr(model, "module", model)
+    if phases is None:
+        for x, y in loader:
+            with accumulate():
+                backward(torch.nn.functional.cross_entropy(model(x), y))
+                opt.step()
+                opt.zero_grad()
+            yield unwrapped
+        return
+    clock, batches = time.perf_counter_ns, iter(loader)
+    while True:
+        marks = [clock()]
+        try:
+            x, y = next(batches)
+        except StopIteration:
+            return
+        marks.append(clock())
+        context = accumulate()
+        context.__enter__()
+        marks.append(clock())
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        marks.append(clock())
+        backward(loss)
+        marks.append(clock())
+        opt.step()
+        marks.append(clock())
+        opt.zero_grad()
+        marks.append(clock())
+        context.__exit__(None, None, None)
+        marks.append(clock())
+        for name, begin, end in zip(PHASES, marks, marks[1:], strict=False):
+            phases.setdefault(name, []).append(end - begin)
+        yield unwrapped
+
+
+def _variants() -> dict:
     import importlib.util
 
+    variants = {REFERENCE: hand_written, "notebook_accel": ours}
+    if importlib.util.find_spec("accelerate") is not None:
+        variants["accelerate"] = theirs
+    return variants
+
+
+def interleaved(steps: int, rounds: int) -> dict:
+    """In one launch: the loops in lockstep, their order reversed every round."""
     from notebook_accel import Accelerator
 
     Accelerator()  # joins the process group, which the hand-written loop then uses too
-    variants = {"hand-written DDP": hand_written, "notebook_accel": ours}
-    if importlib.util.find_spec("accelerate") is not None:
-        variants["accelerate"] = theirs
-    rates: dict[str, list[float]] = {name: [] for name in variants}
-    weights = {}
+    variants = _variants()
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for index in range(rounds):
+        order = dict(reversed(variants.items())) if index % 2 else variants
+        passed, weights = _lockstep(order, steps)
+        for name, step_times in passed.items():
+            times[name].extend(step_times)
+    return {"times": times, "drift": _drift(weights), "threads": torch.get_num_threads()}
+
+
+def one_loop(name: str, steps: int) -> dict:
+    """In a launch of its own: one pass of one loop."""
+    from notebook_accel import Accelerator
+
+    Accelerator()
+    times, weights = _lockstep({name: _variants()[name]}, steps)
+    return {"rate": 1 / statistics.median(times[name]), "weights": weights[name]}
+
+
+def breakdown(steps: int, rounds: int) -> dict:
+    """Microseconds per step in each phase, hand-written and ours, taking turns."""
+    from notebook_accel import Accelerator
+
+    Accelerator()
+    loops = {REFERENCE: hand_written, "notebook_accel": ours}
+    phases: dict[str, dict] = {name: {} for name in loops}
     for _ in range(rounds):
-        for name, loop in variants.items():
-            rate, weights[name] = _timed(lambda loop=loop: loop(steps))
-            rates[name].append(rate)
-    reference = weights["hand-written DDP"]
-    drift = {
+        for name, loop in loops.items():
+            for _model_after_step in loop(steps, phases[name]):
+                pass
+    return {
+        name: {phase: statistics.median(times) / 1000 for phase, times in timed.items()}
+        for name, timed in phases.items()
+    }
+
+
+def _drift(weights: dict) -> dict:
+    reference = weights[REFERENCE]
+    return {
         name: max((a - b).abs().max().item() for a, b in zip(w, reference, strict=True))
         for name, w in weights.items()
     }
-    return {name: (statistics.median(r), drift[name], num_threads()) for name, r in rates.items()}
 
 
-def num_threads() -> int:
-    return torch.get_num_threads()
+def _print_rates(rates: dict[str, float], drift: dict, threads: int, header: str) -> None:
+    print(header)
+    print(f"{'loop':<18}{'steps/s':>9}{'vs hand-written':>17}{'max |dw|':>11}{'threads':>9}")
+    for name, rate in rates.items():
+        ratio = rate / rates[REFERENCE]
+        print(f"{name:<18}{rate:>9.1f}{ratio:>16.3f}x{drift[name]:>11.1e}{threads:>9}")
+    worst = max(drift.values())
+    if worst > 1e-4:
+        raise SystemExit(f"the loops disagree: weights differ by up to {worst:.1e}")
+    print("all loops reach the same weights")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=150)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=60, help="steps per pass")
+    parser.add_argument("--rounds", type=int, default=15, help="passes of each loop")
+    parser.add_argument("--separate", action="store_true", help="each pass in its own launch")
+    parser.add_argument("--breakdown", action="store_true", help="time each phase of a step")
     options = parser.parse_args()
-    results = notebook_launcher(worker, args=(options.steps, options.rounds), num_processes=WORKERS)
-    base = results["hand-written DDP"][0]
-    print(
-        f"{WORKERS} gloo workers, MLP width {WIDTH}, batch {BATCH}/process, {options.steps} steps"
+    setup = f"{WORKERS} gloo workers, MLP width {WIDTH}, batch {BATCH}/process"
+    if options.breakdown:
+        result = notebook_launcher(
+            breakdown, args=(options.steps, options.rounds), num_processes=WORKERS
+        )
+        ref, our = result[REFERENCE], result["notebook_accel"]
+        print(f"{setup}: median microseconds per step, rank 0, {options.rounds} passes each")
+        print(f"{'phase':<18}{'hand-written':>13}{'notebook_accel':>16}{'difference':>12}")
+        for phase in PHASES:
+            extra = our[phase] - ref[phase]
+            print(f"{phase:<18}{ref[phase]:>13.1f}{our[phase]:>16.1f}{extra:>+12.1f}")
+        return
+    if options.separate:
+        rates: dict[str, list[float]] = {name: [] for name in _variants()}
+        weights = {}
+        for index in range(options.rounds):
+            names = list(rates) if index % 2 == 0 else list(reversed(rates))
+            for name in names:
+                run = notebook_launcher(one_loop, args=(name, options.steps), num_processes=WORKERS)
+                rates[name].append(run["rate"])
+                weights[name] = run["weights"]
+        header = f"{setup}, {options.steps} steps, each pass a launch, {options.rounds} rounds"
+        medians = {name: statistics.median(runs) for name, runs in rates.items()}
+        _print_rates(medians, _drift(weights), 1, header)
+        return
+    result = notebook_launcher(
+        interleaved, args=(options.steps, options.rounds), num_processes=WORKERS
     )
-    print(f"{'loop':<18}{'steps/s':>9}{'vs hand-written':>17}{'max |dw|':>11}{'threads':>9}")
-    for name, (rate, drift, threads) in results.items():
-        print(f"{name:<18}{rate:>9.1f}{rate / base:>16.2f}x{drift:>11.1e}{threads:>9}")
-    worst = max(drift for _, drift, _ in results.values())
-    if worst > 1e-4:
-        raise SystemExit(f"the loops disagree: weights differ by up to {worst:.1e}")
-    print("all loops reach the same weights")
+    header = f"{setup}, {options.steps} steps a pass, {options.rounds} rounds in one launch"
+    medians = {name: 1 / statistics.median(times) for name, times in result["times"].items()}
+    _print_rates(medians, result["drift"], result["threads"], header)
 
 
 if __name__ == "__main__":
