@@ -76,7 +76,14 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
     os.environ.update(env)
     if target == "accelerate":
         os.environ["ACCELERATE_USE_CPU"] = "true"  # what `accelerate launch --cpu` sets
-    if target == "accelerate":
+        # One thread, as `accelerate launch` gives each worker (OMP_NUM_THREADS=1) and
+        # our launcher does: Accelerate's launcher forks this worker from the test
+        # process, whose OpenMP threads (after an earlier test's parallel op) the fork
+        # did not copy; a first parallel op with more threads waited for them forever
+        # (seen in layer_norm). libgomp is not fork-safe.
+        import torch
+
+        torch.set_num_threads(1)
         _barrier_before_leaving_the_group()
     offline_hub.install()
     # Where a run hangs, its stacks reach the test's output.
