@@ -178,14 +178,14 @@ def environment_report() -> str:
 
 
 def _cuda_started_report() -> list[str]:
-    """Which running kernels started CUDA, and where: their launches use fresh interpreters."""
+    """Which running kernels started CUDA, and where: their launches fork from a clean process."""
     from notebook_accel.platforms import cuda_origin
 
     records = cuda_origin.kernel_origins()
     if not records:
         return ["CUDA started in running processes", "  none"]
     return [
-        "CUDA started in running processes (their launches start workers in fresh interpreters)",
+        "CUDA started in running processes (their launches fork workers from a clean process)",
         *(f"  pid {r['pid']} ({r['command']}): {r['origin']}" for r in records),
     ]
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,27 +12,31 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
+from notebook_accel.launch.template import shutdown_template  # noqa: E402
 from tests_support import live_children  # noqa: E402
 
 
-@pytest.fixture(params=["fork", "spawn"])
-def each_start_method(request, monkeypatch) -> str:
-    """Run the test twice: with forked workers, and with workers started in fresh
-    interpreters (what a kernel that has touched a GPU gets). A module opts in with
+@pytest.fixture(params=["fork", "forkserver", "spawn"])
+def each_start_method(request, monkeypatch) -> Iterator[str]:
+    """Run the test three times: with forked workers, with workers forked from a
+    template process (what a kernel that has touched a GPU gets), and with workers
+    started in fresh interpreters. A module opts in with
     `pytestmark = pytest.mark.usefixtures("each_start_method")`."""
     monkeypatch.setenv(ENV_START_METHOD, request.param)
-    return request.param
+    yield request.param
+    # The template is a child of this process: ended before no_leftover_processes looks.
+    shutdown_template()
 
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    before = {child.pid for child in live_children()}
+    before = {child.pid for child in live_children(template=True)}
     yield
     # Children of a finished launch are already reaped; allow a moment for
     # processes a test itself started and is shutting down (kernels, servers).
     deadline = time.monotonic() + 5
     while True:
-        leftover = [child for child in live_children() if child.pid not in before]
+        leftover = [child for child in live_children(template=True) if child.pid not in before]
         if not leftover or time.monotonic() > deadline:
             break
         time.sleep(0.05)

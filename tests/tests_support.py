@@ -5,12 +5,20 @@ from __future__ import annotations
 import psutil
 
 
-def live_children() -> list[psutil.Process]:
-    """This process's descendants that are still running (zombies excluded)."""
+def live_children(template: bool = False) -> list[psutil.Process]:
+    """This process's descendants that are still running (zombies excluded).
+
+    The template process of start method "forkserver" (launch/template.py) lasts
+    from one launch to the next on purpose: it is left out unless `template`
+    (the workers it forked are not).
+    """
+    from notebook_accel.launch.template import template_status
+
+    skip = None if template else template_status().pid
     alive = []
     for child in psutil.Process().children(recursive=True):
         try:
-            if child.status() != psutil.STATUS_ZOMBIE:
+            if child.pid != skip and child.status() != psutil.STATUS_ZOMBIE:
                 alive.append(child)
         except psutil.Error:
             pass

@@ -4,6 +4,8 @@
     options.py     every launch option defined once; preflight.py: checks -> LaunchPlan
     supervisor.py  the kernel's side of a group of workers; worker.py: the child's side
     fresh.py       workers in fresh interpreters; packing.py: functions and arguments by value
+    template.py    workers forked from a clean process started once (after CUDA init);
+                   template_server.py: that process; template_messages.py: their socket
     forking.py     the fork lock, descriptors children close, the janitor
     channel.py     worker -> kernel framing of events; warm.py: warm launches
     errors.py      WorkerError

@@ -15,8 +15,10 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   that every worker reads.
 
 `FreshProcess` has the part of `multiprocessing.Process` the supervisor uses
-(pid, sentinel, exitcode, join, close), so both start methods share one
-supervisor.
+(pid, sentinel, exitcode, join, close), so every start method shares one
+supervisor. Start method "forkserver" (launch/template.py) forks the workers
+from one such interpreter, started once, instead of starting one per worker;
+they run the same code from `run_shipped` on.
 """
 
 from __future__ import annotations
@@ -27,16 +29,17 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NoReturn
 
 import cloudpickle
 
 from notebook_accel.launch.packing import pack
 
-# The names `start_method` takes; "auto" forks unless the kernel can no longer.
-START_METHODS = ("auto", "fork", "spawn")
-# Set to "fork" or "spawn" to change what start_method=None means (tests run the
-# launcher's suite under both this way).
+# The names `start_method` takes; "auto" forks unless the kernel can no longer,
+# then uses "forkserver".
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+# Set to "fork", "forkserver" or "spawn" to change what start_method=None means
+# (tests run the launcher's suite under each this way).
 ENV_START_METHOD = "NOTEBOOK_ACCEL_START_METHOD"
 
 # Runs in the new interpreter: the kernel's import path first, then the worker.
@@ -71,10 +74,14 @@ def ship(spec: Any) -> int:
     """
     shipped = pack(spec.function, spec.args, spec.kwargs)
     outer = dataclasses.replace(spec, function=None, args=(), kwargs={}, shipped=shipped)
-    blob = cloudpickle.dumps(outer, protocol=5)
-    fd = os.memfd_create("notebook_accel-worker-spec", os.MFD_CLOEXEC)
+    return in_memory_file("notebook_accel-worker-spec", cloudpickle.dumps(outer, protocol=5))
+
+
+def in_memory_file(name: str, data: bytes) -> int:
+    """A new in-memory file (memfd) holding `data`; return its descriptor."""
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        view = memoryview(blob)
+        view = memoryview(data)
         while view:
             view = view[os.write(fd, view) :]
     except BaseException:
@@ -152,7 +159,25 @@ def child_main(argv: list[str]) -> None:
     """Read the spec the kernel shipped, then run as any worker does (never returns)."""
     spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid = map(int, argv[:6])
     command_fd = None if argv[6] == "None" else int(argv[6])
-    blob = _read_all(spec_fd)
+    run_shipped(spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid, command_fd)
+
+
+def run_shipped(
+    spec_fd: int,
+    local_rank: int,
+    stdout_fd: int,
+    stderr_fd: int,
+    channel_fd: int,
+    parent_pid: int,
+    command_fd: int | None,
+) -> NoReturn:
+    """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker.
+
+    Shared by workers in fresh interpreters and workers forked from the
+    template (launch/template.py); `parent_pid` is the process whose death
+    must end the worker.
+    """
+    blob = read_all(spec_fd)
     os.close(spec_fd)
     from notebook_accel.launch.worker import worker_main
 
@@ -160,7 +185,8 @@ def child_main(argv: list[str]) -> None:
     worker_main(spec, local_rank, stdout_fd, stderr_fd, channel_fd, [], parent_pid, command_fd)
 
 
-def _read_all(fd: int) -> bytes:
+def read_all(fd: int) -> bytes:
+    """The whole content of the in-memory file `fd`, read from its start."""
     chunks, offset = [], 0
     while chunk := os.pread(fd, 1 << 24, offset):
         chunks.append(chunk)

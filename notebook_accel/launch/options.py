@@ -355,10 +355,12 @@ OPTIONS: dict[str, Option] = {
             "start_method",
             None,
             "how workers start: 'fork' (fastest; a forked worker cannot use a GPU the "
-            "kernel already initialised), 'spawn' (fresh interpreters: about 1.5 s slower, "
-            "works whatever the kernel did; the function and its arguments are pickled by "
-            "value), or 'auto': fork unless the kernel can no longer, then spawn and say "
-            f"why (default: auto, or ${ENV_START_METHOD})",
+            "kernel already initialised), 'forkserver' (forked from a clean process "
+            "started once: the first launch about 1.5-2 s slower, later ones about as fast "
+            "as fork; works whatever the kernel did; the function and its arguments are "
+            "pickled by value), 'spawn' (a fresh interpreter per worker: about 1.5 s slower "
+            "every launch), or 'auto': fork unless the kernel can no longer, then "
+            f"forkserver and say why (default: auto, or ${ENV_START_METHOD})",
             _one_of("start_method", START_METHODS, optional=True),
             "str | None",
             choices=START_METHODS,

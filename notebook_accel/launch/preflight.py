@@ -63,8 +63,9 @@ class LaunchPlan:
     single_in_process: bool = True
     # Import here, after the run, what the workers imported (launch/warm.py).
     warm: bool = True
-    # "fork", or "spawn" (fresh interpreters, launch/fresh.py); with the reason
-    # the fork start could not be used when start_method="auto" chose spawn.
+    # "fork", "forkserver" (forked from a clean template process started once,
+    # launch/template.py) or "spawn" (fresh interpreters, launch/fresh.py); with the
+    # reason the fork start could not be used when start_method="auto" chose forkserver.
     start_method: str = "fork"
     fresh_start_reason: str | None = None
     # Where the workers run when not on this machine: a Ray cluster's request
@@ -136,7 +137,7 @@ class LaunchPlan:
             ),
             run=self.platform.run_in_worker,
             # A fresh interpreter imports everything itself, whatever this process holds.
-            report_imports=self.warm and self.start_method == "fork",
+            report_imports=self.warm and self.start_method in ("fork", "forkserver"),
             start_method=self.start_method,
         )
 
@@ -323,27 +324,33 @@ def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan
 def choose_start_method(
     asked: str, platform: Platform, args: tuple = (), kwargs: dict | None = None
 ) -> tuple[str, str | None]:
-    """("fork" or "spawn", why forking could not work when "auto" chose spawn).
+    """(the start method, why forking could not work when "auto" chose another).
 
     Forking is fast and needs nothing pickled, but a forked worker cannot use a
     GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
-    Raises LaunchRefused where the asked method cannot work, before anything starts.
+    "auto" then picks "forkserver": workers forked from a clean process started
+    once (launch/template.py); "spawn", asked for, starts a fresh interpreter
+    per worker. Raises LaunchRefused where the asked method cannot work, before
+    anything starts.
     """
     problem = platform.fork_problem() or _gpu_tensors_problem(platform, args, kwargs or {})
     if asked == "fork":
         if problem:
             raise LaunchRefused(
                 f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
-                "(or pass 'spawn') to start the workers in fresh interpreters, or restart "
-                "the kernel and touch the device only inside the training function."
+                "(or pass 'forkserver') to fork the workers from a clean process started "
+                "once, or restart the kernel and touch the device only inside the training "
+                "function."
             )
         return "fork", None
-    if asked == "spawn" or problem:
+    if asked in ("spawn", "forkserver") or problem:
         fresh_problem = platform.fresh_start_problem()
         if fresh_problem:
             because = f"{problem}; " if problem else ""
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
-        return "spawn", problem if asked == "auto" else None
+        if asked == "auto":
+            return "forkserver", problem
+        return asked, None
     return "fork", None
 
 
@@ -357,7 +364,7 @@ def _gpu_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str |
     if holds_gpu_tensors((args, kwargs)):
         return (
             "the arguments hold tensors on a GPU, which a forked worker cannot read "
-            "(fresh interpreters get them on the CPU)"
+            "(workers that start clean get them on the CPU)"
         )
     return None
 

@@ -15,7 +15,8 @@ does. Each worker leads its own process group, and `stop()` kills those
 groups too, so what a worker started goes with it; a janitor process
 (launch/forking.py) does the same if this process dies. What runs inside
 each worker is launch/worker.py; workers are forked, or started in fresh
-interpreters (launch/fresh.py) when the kernel can no longer fork them.
+interpreters (launch/fresh.py), or forked from a template process started
+once (launch/template.py), when the kernel can no longer fork them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ from notebook_accel.launch.forking import (
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, explain
+from notebook_accel.launch.template import TemplateProcess
 
 # Imported here, in the launching process, so that forked workers inherit
 # the child's runtime and what it imports instead of each importing them
@@ -226,8 +228,8 @@ class FatalReport:
 class _Worker:
     rank: int
     local_rank: int
-    # A multiprocessing process or a FreshProcess here; what stands for one elsewhere
-    # (a cluster's group keeps its own handle).
+    # A multiprocessing process, a FreshProcess or a TemplateProcess here; what
+    # stands for one elsewhere (a cluster's group keeps its own handle).
     process: Any
     command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
@@ -549,7 +551,7 @@ class WorkerGroup(WorkerGroupBase):
         # name lookups while these forks copy the process.
         with guarded(), heap_frozen():
             self._janitor.start()
-            if self.spec.start_method == "spawn":
+            if self.spec.start_method in ("spawn", "forkserver"):
                 self._start_fresh()
             else:
                 context = multiprocessing.get_context("fork")
@@ -557,10 +559,12 @@ class WorkerGroup(WorkerGroupBase):
                     self._start_one(functools.partial(self._forked, context), local_rank)
 
     def _start_fresh(self) -> None:
+        # A fresh interpreter per worker, or forked from the template (started once).
+        start = FreshProcess if self.spec.start_method == "spawn" else TemplateProcess
         spec_fd = ship(self.spec)  # pickled once, read by every worker
         try:
             for local_rank in self.local_ranks:
-                self._start_one(functools.partial(FreshProcess, spec_fd), local_rank)
+                self._start_one(functools.partial(start, spec_fd), local_rank)
         finally:
             os.close(spec_fd)
 

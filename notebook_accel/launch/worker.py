@@ -70,7 +70,8 @@ class WorkerSpec:
     # Send the modules the worker imported itself, at milestones and at the end
     # (launch/warm.py).
     report_imports: bool = False
-    # "fork", or "spawn": a fresh interpreter (launch/fresh.py), which gets the
+    # "fork", or "spawn" (a fresh interpreter, launch/fresh.py) or "forkserver"
+    # (forked from a template process, launch/template.py), which get the
     # function and its arguments pickled by value in `shipped` instead.
     start_method: str = "fork"
     shipped: bytes | None = None

@@ -138,7 +138,7 @@ class Platform:
     def fork_problem(self) -> str | None:
         """Why workers forked from this process now could not use the device, or None.
 
-        Then the launcher starts them in fresh interpreters (launch/fresh.py).
+        Then the launcher forks them from a clean process (launch/template.py).
         """
         return None
 

@@ -177,7 +177,8 @@ def main() -> None:
     attempt("in_kernel", in_kernel, results)
 
     # CUDA is running here now, as after a cell that evaluated a model on the GPU:
-    # launches start fresh interpreters, and a forced fork is refused.
+    # launches fork their workers from a clean template process, and a forced fork
+    # is refused.
     attempt("after_cuda_init", evaluate_then_train, results)
     attempt("fork_after_cuda_init", lambda: launch("no", start_method="fork"), results)
     print("RESULTS " + json.dumps(results))

@@ -3,8 +3,8 @@
 One prepared run (cuda_scenario.py, its own process so CUDA starts untouched)
 covers: counting GPUs without initialising CUDA, forked workers on nccl, fp16
 with loss scaling, bf16 and fp8 where the GPU can, GPU memory figures, and
-workers in fresh interpreters once the kernel has initialised CUDA (a model on
-the kernel's GPU trained on every GPU).
+workers forked from a clean template process once the kernel has initialised
+CUDA (a model on the kernel's GPU trained on every GPU).
 """
 
 from __future__ import annotations
@@ -85,10 +85,10 @@ def test_fp8_runs_or_names_what_is_missing(scenario):
 def test_after_cuda_started_here_a_model_on_the_gpu_trains_in_fresh_interpreters(scenario):
     run = scenario["after_cuda_init"]
     assert run["ok"], run.get("traceback")
-    assert run["start_method"] == "spawn"
+    assert run["start_method"] == "forkserver"
     assert "CUDA is already initialised" in run["fresh_start_reason"]
     assert "cuda_scenario.py" in run["fresh_start_reason"]  # the line that started it
-    assert any("fresh interpreters" in text for text in run["warnings"])
+    assert any("clean process started once" in text for text in run["warnings"])
     # Each worker got the kernel's model on its own GPU, the one it trains on.
     assert run["received_on"] == run["device"] == "cuda:0"
     print(f"fork launch {scenario['no']['seconds']:.2f} s, fresh {run['seconds']:.2f} s")

@@ -127,7 +127,7 @@ def test_the_shipped_spec_is_one_in_memory_file_read_by_every_worker():
     )
     fd = fresh.ship(plan.worker_spec(port=1234, attempt=0))
     try:
-        spec = pickle.loads(fresh._read_all(fd))
+        spec = pickle.loads(fresh.read_all(fd))
     finally:
         os.close(fd)
     assert spec.function is None and spec.start_method == "spawn"

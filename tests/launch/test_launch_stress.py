@@ -37,7 +37,7 @@ pytestmark = pytest.mark.usefixtures("each_start_method")
 
 # How many launches each thread makes: a count, not a time budget, so that a busy
 # machine makes the test slower, not different (a fresh interpreter takes 1-2 s to start).
-LAUNCHES = {"fork": 16, "spawn": 10}
+LAUNCHES = {"fork": 16, "forkserver": 16, "spawn": 10}
 # Far beyond any of these launches: reaching it means a launch hung.
 LAUNCH_TIMEOUT = 30.0
 

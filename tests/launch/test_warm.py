@@ -180,7 +180,7 @@ def test_warming_stops_if_a_device_started_anyway_and_gpu_launches_start_fresh(
     assert "never_reached" not in sys.modules
     monkeypatch.delenv(ENV_START_METHOD, raising=False)
     plan = plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
-    assert plan.start_method == "spawn" and "CUDA is already initialised" in (
+    assert plan.start_method == "forkserver" and "CUDA is already initialised" in (
         plan.fresh_start_reason
     )
     # and warming stays off in this process

@@ -1,17 +1,21 @@
-"""Workers in fresh interpreters from a real Jupyter kernel: a cell's function,
-class and globals reach them, values come back as the kernel's own classes,
-errors keep their traceback, and the line that started CUDA is named."""
+"""Workers that are not forked from a real Jupyter kernel (forked from a clean process
+started once, or each a fresh interpreter): a cell's function, class and globals reach
+them, values come back as the kernel's own classes, errors keep their traceback, and the
+line that started CUDA is named."""
 
 from __future__ import annotations
+
+import pytest
 
 from tests_support import cell_text, execute_cells
 
 
-def cells(runtime_dir: str) -> list[str]:
+def cells(runtime_dir: str, method: str) -> list[str]:
     return [
         f"""
 import os, subprocess, sys, torch
 os.environ["NOTEBOOK_ACCEL_RUNTIME_DIR"] = {runtime_dir!r}
+METHOD = {method!r}
 from notebook_accel import Accelerator, WorkerError, last_run, notebook_launcher
 """,
         """
@@ -32,7 +36,7 @@ def train(model):
     return Scaled(total.item())
 
 result = notebook_launcher(
-    train, args=(torch.nn.Linear(4, 2),), num_processes=2, backend="cpu", start_method="spawn"
+    train, args=(torch.nn.Linear(4, 2),), num_processes=2, backend="cpu", start_method=METHOD
 )
 print("RESULT", isinstance(result, Scaled), result.value, last_run().start_method)
 """,
@@ -41,7 +45,7 @@ def fails():
     raise ValueError("a fresh worker says no")
 
 try:
-    notebook_launcher(fails, num_processes=2, backend="cpu", start_method="spawn")
+    notebook_launcher(fails, num_processes=2, backend="cpu", start_method=METHOD)
 except WorkerError as error:
     print("CAUGHT", error.rank)
     print(error.traceback)
@@ -71,11 +75,12 @@ cuda_origin.forget()
     ]
 
 
-def test_fresh_workers_from_a_kernel(tmp_path):
-    notebook = execute_cells(cells(str(tmp_path / "runtime")), tmp_path, timeout=120)
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_workers_not_forked_from_the_kernel(tmp_path, method):
+    notebook = execute_cells(cells(str(tmp_path / "runtime"), method), tmp_path, timeout=120)
     launched, failed, _, _, named = (notebook.cells[i] for i in (1, 2, 3, 4, 5))
     text = cell_text(launched)
-    assert "RESULT True 20.0 spawn" in text
+    assert f"RESULT True 20.0 {method}" in text
     assert "worker 0 has DistributedDataParallel" in text
     assert "[rank 1] worker 1 has DistributedDataParallel" in text
     failure = cell_text(failed)

@@ -40,7 +40,7 @@ EXPECTED_WITHOUT_GPUS = {
         "every worker ends with the same weights: True",
         "CUDA initialised in this kernel: False",
         "accuracy before training, evaluated in the kernel on cpu: 0.",
-        "the workers started with: spawn",
+        "the workers started with: forkserver",
         "accuracy after training on 2 worker(s): 0.9",
     ],
     "04_collectives.ipynb": [

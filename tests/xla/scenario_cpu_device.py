@@ -178,8 +178,8 @@ def main() -> None:
 
     # Touching an XLA device here, in the launching process, starts the runtime:
     # a forked worker could no longer use it, so a launch that must fork is
-    # refused before anything starts, and the default starts a fresh interpreter
-    # (on this CPU device; a TPU, held by this process, would be refused too).
+    # refused before anything starts, and the default forks it from a clean template
+    # process (on this CPU device; a TPU, held by this process, would be refused too).
     import torch_xla
 
     torch.ones(1, device=torch_xla.device()).sum().item()

@@ -130,7 +130,7 @@ def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_work
     assert "XLA runtime is already initialised" in scenario["checks"]["refused"]["message"]
     assert "start_method='fork' cannot work here" in scenario["checks"]["refused"]["message"]
     fresh = scenario["checks"]["fresh"]
-    assert fresh["value"] == 2.0 and fresh["start_method"] == "spawn"
+    assert fresh["value"] == 2.0 and fresh["start_method"] == "forkserver"
 
 
 def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, tmp_path):

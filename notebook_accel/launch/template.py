@@ -1,0 +1,779 @@
+"""Workers forked from a clean template process, for a kernel that can no longer fork them.
+
+Start method "forkserver". Once a cell has touched a GPU, workers forked
+from the kernel cannot use theirs; a fresh interpreter per worker
+(launch/fresh.py, "spawn") works, but imports torch again in every launch
+(about 1.5-2 s). Instead, the first launch that needs it starts one fresh
+interpreter, the template, which imports torch and the worker's code once and
+then forks the workers of this launch and of every later one: only the first
+launch pays for an interpreter's start.
+
+The template is started with `subprocess` (an exec: nothing of the kernel's
+runtime comes along) and never initialises CUDA or another device runtime.
+The kernel talks to it over a Unix socketpair (SOCK_SEQPACKET: one message
+per request, file descriptors passed with it):
+
+- fork: the worker's descriptors (the spec `fresh.ship` wrote, stdout,
+  stderr, channel, call pipe) and an in-memory file with the kernel's current
+  os.environ, working directory, sys.path and torch's CPU random state (a
+  cell may have changed them since the template started; a forked worker
+  would have them). The template forks; the child leads a process group of
+  its own, takes those, and runs what a worker in a fresh interpreter runs
+  (`fresh.run_shipped`), with the template as the parent it dies with. The
+  template answers with the child's pid and a pidfd it opened before it could
+  reap the child (the supervisor's sentinel, free of pid-reuse races), reaps
+  the child when that pidfd becomes readable and sends its exit status, in
+  `Popen.returncode` convention (minus the signal's number when killed).
+  Environment variables that torch reads when it is imported take the value
+  the kernel had when the template started, as in a forked worker.
+- preload: modules to import for the workers (`preload`), filtered as
+  launch/warm.py filters what it imports into the kernel (`warm.choose`), and
+  imported with every device runtime's start refused, between launches and
+  before a launch's first worker is forked (launch/template_server.py says
+  when). If a device runtime started anyway, or a module started a thread (a
+  fork copies a process with only the forking thread), the template stops
+  warming, refuses further workers, and the launch starts a new template.
+
+Lifetime: the template exits when its socket closes (`shutdown_template()`,
+registered with atexit, or the kernel's exit), ending any worker it still
+runs. If the kernel dies, even by SIGKILL, Linux kills the template
+(PR_SET_PDEATHSIG, set by the template itself; it is started from a thread
+that lives as long as it does, as that signal follows the thread that started
+a process, not the process), and each worker with it (the same, with the
+template as parent). The launch's janitor (launch/forking.py) still ends
+every worker's process group, whoever forked the worker.
+
+If no template can be used (it cannot start, or a new one fails again right
+after the previous one died), the launch does not fail: its workers start in
+fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
+workers of later launches, without trying again, until `shutdown_template()`.
+
+`TemplateProcess` has the interface of `fresh.FreshProcess` (pid, sentinel,
+exitcode, join, close, start), so the supervisor watches both alike. Reading
+the template's messages is shared between threads: several launches, from
+several threads, use one template.
+
+This module is the kernel's side. What runs inside the template is
+launch/template_server.py; both send and receive their messages with
+launch/template_messages.py.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import dataclasses
+import importlib.util
+import itertools
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from notebook_accel.launch.forking import forget_parent_only, parent_only
+from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
+from notebook_accel.launch.template_messages import (
+    EXIT_SECONDS,
+    MAX_FDS,
+    MESSAGE_BYTES,
+    RECEIVE_FLAGS,
+    receive_message,
+    send_message,
+)
+
+# Importing torch in a fresh interpreter takes about 2 s; far longer on a busy machine.
+START_SECONDS = 120.0
+# How long a request waits for its answer: the template may be inside one import.
+ANSWER_SECONDS = 60.0
+
+# Runs in the new interpreter: the kernel's import path first, then the template.
+_BOOTSTRAP = (
+    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+    "from notebook_accel.launch.template_server import template_main; "
+    "template_main(sys.argv[2:])"
+)
+# Modules per message, so that one message stays far below the socket's buffer.
+_MODULES_PER_MESSAGE = 200
+_STDERR_TAIL = 2000
+
+
+class TemplateUnavailable(RuntimeError):
+    """No template process can fork this worker (it could not start, or died)."""
+
+
+class TemplateWarning(RuntimeWarning):
+    """Workers start in fresh interpreters because the template process cannot be used."""
+
+
+@dataclass
+class TemplateStatus:
+    """The template process and what it did (`template_status()`).
+
+    `pid`: the running template's, None when none runs. `start_seconds`: what
+    its start took (a fresh interpreter importing torch). `workers`: workers it
+    forked. `warmed`: modules it imported for its workers (`preload`), in
+    order, which took `warm_seconds` and brought in `imported` modules in all;
+    `skipped` maps a module left alone to why. `problem`: why it stopped
+    warming and takes no more workers (the next launch replaces it), or why no
+    template can be used. `replaced`: why the one before it was replaced.
+    """
+
+    pid: int | None = None
+    start_seconds: float = 0.0
+    workers: int = 0
+    warmed: list[str] = field(default_factory=list)
+    warm_seconds: float = 0.0
+    imported: int = 0
+    skipped: dict[str, str] = field(default_factory=dict)
+    problem: str | None = None
+    replaced: str | None = None
+
+    def summary(self) -> str:
+        """One line: which template, what it forked and warmed, and any problem."""
+        if self.pid is None:
+            text = "no template process"
+        else:
+            text = (
+                f"template process {self.pid}: started in {self.start_seconds:.2f} s, "
+                f"{self.workers} worker(s) forked, {len(self.warmed)} module(s) warmed "
+                f"({self.imported} imported in {self.warm_seconds:.2f} s), "
+                f"{len(self.skipped)} skipped"
+            )
+        if self.problem:
+            text += f"; {self.problem}"
+        return text
+
+
+class TemplateProcess:
+    """One worker forked from the template, watched as a `multiprocessing.Process` is.
+
+    Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
+    TemplateWarning) when no template can be used.
+    """
+
+    def __init__(
+        self,
+        spec_fd: int,
+        local_rank: int,
+        stdout_fd: int,
+        stderr_fd: int,
+        channel_fd: int,
+        command_fd: int | None,
+        name: str,
+    ) -> None:
+        self.name = name
+        self._args = (spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, command_fd)
+        self._template: _Template | None = None
+        self._fresh: FreshProcess | None = None
+        self._pid: int | None = None
+        self._worker = -1  # its number at the template: pids may be reused, numbers are not
+        self._exitcode: int | None = None
+        self.sentinel = -1
+
+    def start(self) -> None:
+        """Have the template fork the worker (starting the template on first need)."""
+        spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, command_fd = self._args
+        context_fd = _kernel_context()
+        fds = [spec_fd, context_fd, stdout_fd, stderr_fd, channel_fd]
+        fds += [] if command_fd is None else [command_fd]
+        try:
+            self._template, self._pid, self.sentinel, self._worker = _fork_from_template(
+                fds, local_rank, command_fd is not None
+            )
+        except TemplateUnavailable as error:
+            warnings.warn(
+                f"The workers start in fresh interpreters instead (about 1.5 s slower each "
+                f"launch): {error}",
+                TemplateWarning,
+                stacklevel=2,
+            )
+            self._fresh = FreshProcess(*self._args, name=self.name)
+            self._fresh.start()
+            self.sentinel = self._fresh.sentinel
+        finally:
+            os.close(context_fd)
+
+    @property
+    def pid(self) -> int | None:
+        """The worker's process id, once started."""
+        return self._fresh.pid if self._fresh is not None else self._pid
+
+    @property
+    def exitcode(self) -> int | None:
+        """The exit status once it has exited (minus the signal's number if killed)."""
+        if self._fresh is not None:
+            return self._fresh.exitcode
+        if self._exitcode is None and self._template is not None and self.sentinel >= 0:
+            self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, 0.0)
+        return self._exitcode
+
+    def join(self, timeout: float | None = None) -> None:
+        """Wait at most `timeout` seconds for it to exit."""
+        if self._fresh is not None:
+            self._fresh.join(timeout)
+        elif self._exitcode is None and self._template is not None and self.sentinel >= 0:
+            self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
+
+    def close(self) -> None:
+        """Release the sentinel (after it has exited); once."""
+        if self._fresh is not None:
+            self._fresh.close()
+            return
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+            _release(self._template, self._worker)
+
+
+def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
+    """Have the template import `modules`, so that the workers it forks start with them.
+
+    Takes module names, or (name, file) pairs as workers report them
+    (`ModulesImported.modules`). Nothing is imported in this process: a name
+    without a file is looked up here only when that imports nothing (a
+    top-level module, or one whose package is imported here). The template
+    filters them as warming does (launch/warm.py `choose`: no device package,
+    nothing of the notebook's own code) and imports them between launches;
+    `template_status()` says what it imported and skipped. Every template
+    started later imports them too. Returns at once.
+    """
+    wanted = {}
+    for item in modules:
+        name, origin = (item, _origin(item)) if isinstance(item, str) else item
+        wanted[name] = origin
+    with _STATE.lock:
+        new = {
+            name: origin
+            for name, origin in wanted.items()
+            if name not in _STATE.wanted and name not in _STATE.refused
+        }
+        _STATE.wanted.update(new)
+        current = _STATE.current
+    if current is not None and new:
+        with contextlib.suppress(TemplateUnavailable):  # the next template gets them
+            current.preload(new)
+
+
+def template_status() -> TemplateStatus:
+    """The running template's status (a copy), or why none can be used."""
+    with _STATE.lock:
+        current, broken, replaced = _STATE.current, _STATE.broken, _STATE.replaced
+    if current is None:
+        return TemplateStatus(problem=broken, replaced=replaced)
+    current.poll()
+    status = current.status
+    return dataclasses.replace(status, warmed=list(status.warmed), skipped=dict(status.skipped))
+
+
+def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
+    """Ask the running template about itself; None when none runs (starts nothing).
+
+    Returns its "pid", "cuda_initialized" (torch.cuda.is_initialized() there),
+    "device_problem" (why a fork of it could not use a device, or None),
+    "threads" (its threads), and "imported": which of `modules` it has.
+    """
+    with _STATE.lock:
+        current = _STATE.current
+    if current is None or current.gone:
+        return None
+    answer = current.ask({"kind": "probe", "modules": list(modules)})
+    return {key: value for key, value in answer.items() if key not in ("kind", "id")}
+
+
+def shutdown_template() -> None:
+    """End the template process (and any worker it still runs) and reap it.
+
+    The next launch that needs one starts a new one; the modules `preload`
+    asked for are forgotten. Runs at exit too.
+    """
+    with _STATE.lock:
+        templates = [t for t in (_STATE.current, *_STATE.retired) if t is not None]
+        _STATE.current, _STATE.retired, _STATE.broken, _STATE.replaced = None, [], None, None
+        _STATE.wanted.clear()
+        _STATE.refused.clear()
+    for template in templates:
+        template.close()
+
+
+@dataclass
+class _State:
+    """The templates of this process."""
+
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    current: _Template | None = None
+    # Replaced templates whose workers still run: closed once those are.
+    retired: list[_Template] = field(default_factory=list)
+    # Why no template could start: later launches start fresh interpreters at once.
+    broken: str | None = None
+    replaced: str | None = None
+    # Every module preload() asked for, for every template started later, and
+    # those whose import started a device runtime (never asked for again).
+    wanted: dict[str, str | None] = field(default_factory=dict)
+    refused: set[str] = field(default_factory=set)
+
+
+_STATE = _State()
+
+
+def _forget_in_child() -> None:
+    # A process forked from this one (a forked worker) has copies of the sockets:
+    # it drops them without closing (a worker closes them as `parent_only`) and
+    # never touches the template.
+    global _STATE
+    for template in (_STATE.current, *_STATE.retired):
+        if template is not None:
+            template.abandon()
+    _STATE = _State()
+
+
+os.register_at_fork(after_in_child=_forget_in_child)
+atexit.register(shutdown_template)
+
+
+def _fork_from_template(
+    fds: list[int], local_rank: int, command: bool
+) -> tuple[_Template, int, int, int]:
+    """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
+    found dead is replaced once."""
+    for attempt in range(2):
+        template = _template_for_launch()
+        try:
+            return template, *template.fork(fds, local_rank, command)
+        except TemplateUnavailable:
+            if attempt:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _template_for_launch() -> _Template:
+    """The running template, or a new one if there is none (or it died, or retired)."""
+    with _STATE.lock:
+        current = _STATE.current
+        if current is not None:
+            current.poll()
+            why = current.unusable()
+            if why is not None:
+                _STATE.replaced = why
+                _retire(current)
+                current = None
+        for template in [t for t in _STATE.retired if t.users == 0]:
+            _STATE.retired.remove(template)
+            template.close()
+        if current is not None:
+            return current
+        if _STATE.broken is not None:
+            raise TemplateUnavailable(_STATE.broken)
+        current = _Template()
+        try:
+            current.start()
+        except TemplateUnavailable as error:
+            _STATE.broken = str(error)
+            raise
+        current.status.replaced = _STATE.replaced
+        _STATE.current = current
+        wanted = {n: o for n, o in _STATE.wanted.items() if n not in _STATE.refused}
+    if wanted:
+        with contextlib.suppress(TemplateUnavailable):  # then the fork finds it gone too
+            current.preload(wanted)
+    return current
+
+
+def _retire(template: _Template) -> None:
+    """Take `template` out of use (call with the lock held); it ends once its workers have."""
+    if _STATE.current is template:
+        _STATE.current = None
+    if template.users:
+        _STATE.retired.append(template)
+    else:
+        template.close()
+
+
+def _release(template: _Template | None, worker: int) -> None:
+    if template is None:
+        return
+    with _STATE.lock:
+        template.forget(worker)
+        if template.users == 0 and template in _STATE.retired:
+            _STATE.retired.remove(template)
+            template.close()
+
+
+def _kernel_context() -> int:
+    """An in-memory file with what a worker forked from this process now would share."""
+    try:
+        cwd = os.getcwd()
+    except OSError:  # deleted: the worker stays where the template is
+        cwd = None
+    torch = sys.modules.get("torch")
+    rng = bytes(torch.get_rng_state().tolist()) if hasattr(torch, "get_rng_state") else None
+    context = {"environ": dict(os.environb), "cwd": cwd, "path": list(sys.path), "rng": rng}
+    return in_memory_file("notebook_accel-worker-context", pickle.dumps(context, protocol=5))
+
+
+def _origin(name: str) -> str | None:
+    """The file of module `name`, found without importing anything; None if unknown."""
+    module = sys.modules.get(name)
+    if module is not None:
+        return getattr(module, "__file__", None)
+    parent = name.rpartition(".")[0]
+    if parent and parent not in sys.modules:  # finding it would import its package here
+        return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None or spec.origin in (None, "built-in", "frozen"):
+        return None
+    return spec.origin
+
+
+def _start_from_lasting_thread(argv: list[str], **popen_args: Any) -> tuple[Any, threading.Event]:
+    """`subprocess.Popen(argv)` from a thread that lasts until the returned event is set.
+
+    Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
+    ends, not its process: started from a launch's own thread (the panel's), the
+    template would be killed when that launch ends.
+    """
+    release, done = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(subprocess.Popen(argv, **popen_args))
+        except BaseException as error:  # noqa: BLE001 - handed to the caller
+            outcome.append(error)
+        finally:
+            done.set()
+        release.wait()
+
+    threading.Thread(target=run, name="notebook_accel-template-parent", daemon=True).start()
+    if not done.wait(START_SECONDS):
+        release.set()
+        raise TemplateUnavailable("its interpreter could not be started")
+    if isinstance(outcome[0], BaseException):
+        release.set()
+        raise TemplateUnavailable(f"its interpreter could not be started: {outcome[0]}")
+    return outcome[0], release
+
+
+class _Template:
+    """The kernel's handle on one template process.
+
+    Messages from the template are read by whichever thread needs one (a
+    launch waiting for a fork's answer, a supervisor asking for an exit
+    status), one reader at a time, the others waiting on a condition: each
+    message is filed (answers by request, exit statuses by worker number) for
+    its waiter.
+    """
+
+    def __init__(self) -> None:
+        self.status = TemplateStatus()
+        self.users = 0  # workers forked from it and not closed yet
+        self.gone = False  # its socket closed: it exited
+        self._retired: str | None = None  # why it takes no more workers
+        self._sock: socket.socket | None = None
+        self._popen: subprocess.Popen | None = None
+        self._release: threading.Event | None = None
+        self._stderr = -1
+        self._ready = False
+        self._unusable: str | None = None
+        self._ids = itertools.count()
+        self._answers: dict[int, tuple[dict, list[int]]] = {}
+        self._exits: dict[int, int] = {}  # worker number -> exit status
+        self._cond = threading.Condition()
+        self._reading = False
+        self._send_lock = threading.Lock()
+
+    # -- starting and ending -----------------------------------------------------
+
+    def start(self) -> None:
+        """Start the template and wait until it is ready (bounded)."""
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._sock = ours
+        parent_only(ours.fileno())  # a worker forked from this process must not hold it
+        # Its errors land here: read back for the message if it cannot start.
+        self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
+        argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(theirs.fileno())]
+        argv.append(str(os.getpid()))  # the kernel, which it dies with
+        # Its own process group: the kernel's stop button (SIGINT to the kernel's
+        # group) is the launcher's to handle.
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
+        started = time.perf_counter()
+        try:
+            self._popen, self._release = _start_from_lasting_thread(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=self._stderr,
+                pass_fds=(theirs.fileno(),),
+                close_fds=True,
+                **group,
+            )
+        except TemplateUnavailable:
+            self.close()
+            raise
+        finally:
+            theirs.close()
+        self.status.pid = self._popen.pid
+        if not self._wait_for(lambda: self._ready, START_SECONDS):
+            try:  # its socket closes a moment before it can be reaped
+                code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
+            except subprocess.TimeoutExpired:
+                code = None
+            why = self._unusable or (
+                f"it was not ready within {START_SECONDS:.0f} s"
+                if code is None
+                else f"it exited with code {code}"
+            )
+            tail = self._stderr_tail()
+            self.close()
+            raise TemplateUnavailable(
+                f"the template process could not start: {why}"
+                + (f"; it wrote:\n{tail}" if tail else "")
+            )
+        self.status.start_seconds = time.perf_counter() - started
+
+    def close(self) -> None:
+        """Close its socket (it ends its workers and exits), reap it (bounded); once."""
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.shutdown(socket.SHUT_RDWR)  # also wakes a thread reading it
+            with self._cond:
+                self._cond.wait_for(lambda: not self._reading, EXIT_SECONDS)
+                forget_parent_only(self._sock.fileno())
+                self._sock.close()
+                self._sock = None
+                self.gone = True
+                for _, fds in self._answers.values():
+                    for fd in fds:
+                        os.close(fd)
+                self._answers.clear()
+        if self._popen is not None:
+            try:
+                self._popen.wait(EXIT_SECONDS)
+            except subprocess.TimeoutExpired:
+                self._popen.kill()
+                self._popen.wait()  # SIGKILL ends it at once
+        if self._release is not None:
+            self._release.set()
+        if self._stderr >= 0:
+            os.close(self._stderr)
+            self._stderr = -1
+        self.status.pid = None
+
+    def abandon(self) -> None:
+        """In a forked child: forget the socket without closing it (see `_forget_in_child`)."""
+        if self._sock is not None:
+            self._sock.detach()
+            self._sock = None
+        self._popen = None
+
+    def unusable(self) -> str | None:
+        """Why no more workers may be forked from it (call `poll()` first), or None."""
+        code = None if self._popen is None else self._popen.poll()
+        if code is not None:
+            return f"the template process had exited (code {code})"
+        if self.gone:
+            return "the template process had exited"
+        return self._retired
+
+    def _stderr_tail(self) -> str:
+        if self._stderr < 0:
+            return ""
+        text = read_all(self._stderr).decode(errors="replace").strip()
+        return text[-_STDERR_TAIL:]
+
+    # -- requests ---------------------------------------------------------------
+
+    def fork(self, fds: list[int], local_rank: int, command: bool) -> tuple[int, int, int]:
+        """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
+        when it died or refused (it is then retired), OSError when the fork failed."""
+        answer, received = self._request(
+            {"kind": "fork", "local_rank": local_rank, "command": command}, fds
+        )
+        if answer["kind"] == "forked" and len(received) == 1:
+            with self._cond:
+                self.users += 1
+                self.status.workers += 1
+            return answer["pid"], received[0], answer["id"]
+        for fd in received:
+            os.close(fd)
+        if answer["kind"] == "failed":
+            raise OSError(f"the template process could not fork a worker: {answer['error']}")
+        self._retire(answer.get("reason") or "it refused the worker")
+        raise TemplateUnavailable(answer.get("reason") or "it refused the worker")
+
+    def preload(self, modules: dict[str, str | None]) -> None:
+        """Send modules to import (in messages of a bounded size)."""
+        items = list(modules.items())
+        for start in range(0, len(items), _MODULES_PER_MESSAGE):
+            chunk = dict(items[start : start + _MODULES_PER_MESSAGE])
+            self._send({"kind": "preload", "modules": chunk})
+
+    def ask(self, message: dict) -> dict:
+        """Send a question and return its answer."""
+        answer, received = self._request(message, [])
+        for fd in received:
+            os.close(fd)
+        return answer
+
+    def _request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        request = next(self._ids)
+        self._send({**message, "id": request}, fds)
+        self._wait_for(lambda: request in self._answers, ANSWER_SECONDS)
+        with self._cond:
+            if request in self._answers:
+                return self._answers.pop(request)
+        why = (
+            "the template process exited"
+            if self.gone
+            else f"the template process did not answer within {ANSWER_SECONDS:.0f} s"
+        )
+        self._retire(why)
+        raise TemplateUnavailable(why)
+
+    def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
+        data = json.dumps(message).encode()
+        deadline = time.monotonic() + ANSWER_SECONDS
+        with self._send_lock:
+            while True:
+                sock = self._sock
+                if sock is None or self.gone:
+                    raise TemplateUnavailable("the template process exited")
+                try:
+                    send_message(sock, [data], list(fds), socket.MSG_DONTWAIT)
+                    return
+                except BlockingIOError:  # its buffer is full: it is busy importing
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    select.select([], [sock], [], remaining)
+                except OSError as error:  # it died
+                    self._retire(f"the template process exited ({error})")
+                    raise TemplateUnavailable("the template process exited") from error
+        why = f"the template process did not take a request within {ANSWER_SECONDS:.0f} s"
+        self._retire(why)
+        raise TemplateUnavailable(why)
+
+    def _retire(self, why: str) -> None:
+        if self._retired is None:
+            self._retired = why
+            if self.status.problem is None:
+                self.status.problem = why
+
+    # -- workers' exits ------------------------------------------------------------
+
+    def exitcode_of(self, worker: int, pidfd: int, timeout: float | None) -> int | None:
+        """The exit status of the worker numbered `worker`, waiting at most `timeout`
+        seconds for it (None: for as long as it takes); None while it runs."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._wait_for(lambda: worker in self._exits, timeout)
+        with self._cond:
+            if worker in self._exits:
+                return self._exits[worker]
+        if not self.gone:
+            return None
+        # The template died, so no status will come; the worker dies with it
+        # (PR_SET_PDEATHSIG), by SIGKILL.
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        readable, _, _ = select.select([pidfd], [], [], remaining)
+        return -signal.SIGKILL if readable else None
+
+    def forget(self, worker: int) -> None:
+        """The worker numbered `worker` was closed: drop its status."""
+        with self._cond:
+            self._exits.pop(worker, None)
+            self.users = max(0, self.users - 1)
+
+    def poll(self) -> None:
+        """Read what it has sent so far, without waiting."""
+        self._wait_for(lambda: False, 0.0)
+
+    # -- reading its messages --------------------------------------------------------
+
+    def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
+        """Read and file its messages until `ready()` (checked under the lock), for
+        at most `timeout` seconds (None: no limit; 0: what has arrived); ready()."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while not ready() and not self.gone:
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if self._reading:  # another thread reads: it files our message too
+                    if remaining is not None and remaining <= 0:
+                        break
+                    self._cond.wait(remaining)
+                    continue
+                self._reading = True
+                self._cond.release()
+                received: list[tuple[dict, list[int]]] = []
+                try:
+                    received = self._receive(None if remaining is None else max(0.0, remaining))
+                finally:
+                    self._cond.acquire()
+                    self._reading = False
+                    for message, fds in received:
+                        self._file(message, fds)
+                    self._cond.notify_all()
+                if remaining is not None and remaining <= 0:
+                    break
+            return ready()
+
+    def _receive(self, timeout: float | None) -> list[tuple[dict, list[int]]]:
+        """Wait up to `timeout` for the socket, then read every message it holds."""
+        sock = self._sock
+        if sock is None:
+            self.gone = True
+            return []
+        received = []
+        try:
+            select.select([sock], [], [], timeout)
+            while True:
+                try:
+                    data, fds, _, _ = receive_message(sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
+                except BlockingIOError:
+                    break
+                if not data:  # it closed its end: it exited
+                    for fd in fds:
+                        os.close(fd)
+                    self.gone = True
+                    break
+                received.append((json.loads(data), fds))
+        except (OSError, ValueError):  # closed or reset: it is gone
+            self.gone = True
+        return received
+
+    def _file(self, message: dict, fds: list[int]) -> None:
+        """Put one message where its waiter looks (call with the lock held)."""
+        kind = message["kind"]
+        if "id" in message:  # an answer to a request
+            self._answers[message["id"]] = (message, fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        status = self.status
+        if kind == "exit":
+            self._exits[message["worker"]] = message["code"]
+        elif kind == "ready":
+            self._ready = True
+        elif kind == "unusable":
+            self._unusable = message["reason"]
+        elif kind == "warmed":
+            status.warmed.append(message["module"])
+            status.warm_seconds += message["seconds"]
+            status.imported += message["imported"]
+        elif kind == "skipped":
+            status.skipped.update(message["modules"])
+        elif kind == "stopped":
+            # No lock for the set: _STATE.lock is taken before this one elsewhere.
+            _STATE.refused.add(message["module"])
+            self._retire(message["reason"])

@@ -1,0 +1,337 @@
+"""The template process of start method "forkserver": the side that runs inside it.
+
+launch/template.py, the kernel's side, explains the design. This process imports
+torch, the workers' code and WARM_AT_START, without ever starting a device
+runtime, says it is ready, then serves the kernel's requests: it forks a worker
+for each "fork" (the child takes the kernel's context and runs
+`fresh.run_shipped`), reaps its workers and sends their exit statuses, answers
+"probe", and imports the modules "preload" asks for, one per turn of its loop
+while no worker runs and what is still queued before the next fork (at most
+PRELOAD_BEFORE_FORK_SECONDS of them). If an import starts a device runtime or
+a thread, it stops warming and refuses further workers.
+
+Started by the kernel in a fresh interpreter whose bootstrap sets the kernel's
+sys.path and calls `template_main` with the socket's descriptor and the
+kernel's pid. It ignores SIGINT and has Linux kill it when the kernel dies.
+
+It ends when the kernel closes the socket (or dies): it kills its workers'
+process groups, reaps them (at most EXIT_SECONDS) and exits; with code 1 and a
+traceback on stderr, which the kernel reads back, if it failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import importlib
+import json
+import os
+import pickle
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from typing import Any, NoReturn
+
+from notebook_accel.launch.fresh import read_all, run_shipped
+from notebook_accel.launch.template_messages import (
+    EXIT_SECONDS,
+    MAX_FDS,
+    MESSAGE_BYTES,
+    RECEIVE_FLAGS,
+    receive_message,
+    send_message,
+)
+
+# How long a launch's first worker may wait for queued modules to be imported
+# (the rest follow between launches).
+PRELOAD_BEFORE_FORK_SECONDS = 20.0
+# Imported before the template says it is ready, so that every worker starts with
+# them; a failure only means workers import them themselves.
+WARM_AT_START = ("torch.distributed", "notebook_accel.accelerator.accelerator")
+
+_MAX_REASON = 200
+_PR_SET_PDEATHSIG = 1
+
+
+class _KernelGone(Exception):
+    """The kernel closed its end of the socket, or died."""
+
+
+def template_main(argv: list[str]) -> NoReturn:
+    """The template process: import what workers need, then fork them on request.
+
+    `argv`: the socket's descriptor and the kernel's pid. Never returns.
+    """
+    sock_fd, kernel_pid = int(argv[0]), int(argv[1])
+    code = 0
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is the launcher's
+        _die_with(kernel_pid)
+        _Server(socket.socket(fileno=sock_fd)).run()
+    except BaseException:  # noqa: BLE001 - written where the kernel reads it
+        traceback.print_exc()
+        code = 1
+    finally:
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def _die_with(parent_pid: int) -> None:
+    """Have Linux kill this process when the kernel dies (before the imports, which
+    take seconds); exit if it already has."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+class _Server:
+    """The template's loop: forks workers, reaps them, warms in between."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.pid = os.getpid()
+        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, worker number)
+        self.queue: list[str] = []  # modules to import, in order
+        self.failed: dict[str, str] = {}
+        self.stopped: str | None = None  # why it warms and forks no more
+        self.platforms: list[Any] = []
+        self.threads = 0
+
+    def run(self) -> None:
+        """Start, say so, serve until the kernel closes the socket, end the workers."""
+        problem = self._start()
+        if problem is not None:
+            self._send({"kind": "unusable", "reason": problem})
+            return
+        self._send({"kind": "ready", "pid": self.pid})
+        try:
+            self._serve()
+        except _KernelGone:
+            pass
+        self._end_children()
+
+    def _start(self) -> str | None:
+        import torch  # noqa: F401 - every worker imports it: forked, they have it
+
+        import notebook_accel.launch.worker  # noqa: F401 - the workers' own code
+        from notebook_accel.platforms.registry import PLATFORMS
+
+        self.platforms = list(PLATFORMS.values())
+        problem = _device_problem(self.platforms)
+        if problem is not None:
+            return f"importing torch started a device runtime: {problem}"
+        self.threads = _thread_count()
+        for name in WARM_AT_START:
+            self._import(name)
+        return self.stopped
+
+    def _serve(self) -> None:
+        while True:
+            idle = not self.children and bool(self.queue) and self.stopped is None
+            ready, _, _ = select.select([self.sock, *self.children], [], [], 0 if idle else None)
+            for fd in ready:
+                if fd in self.children:
+                    self._reap(fd)
+            if self.sock in ready:
+                self._take_requests()
+            elif idle and not ready:
+                self._import(self.queue.pop(0))
+
+    def _take_requests(self) -> None:
+        while True:
+            try:
+                data, fds, _, _ = receive_message(self.sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
+            except BlockingIOError:
+                return
+            except OSError as error:
+                raise _KernelGone from error
+            if not data:
+                raise _KernelGone
+            message = json.loads(data)
+            kind = message["kind"]
+            if kind == "fork":
+                self._fork(message, fds)
+                continue
+            for fd in fds:
+                os.close(fd)
+            if kind == "preload":
+                self._queue(message["modules"])
+            elif kind == "probe":
+                self._send(self._probe(message))
+
+    def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
+        try:
+            send_message(self.sock, [json.dumps(message).encode()], list(fds))
+        except OSError as error:
+            raise _KernelGone from error
+
+    # -- workers ------------------------------------------------------------------
+
+    def _fork(self, message: dict, fds: list[int]) -> None:
+        # What preload() queued first: this launch's workers start with it.
+        deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
+        while self.queue and self.stopped is None and time.monotonic() < deadline:
+            self._import(self.queue.pop(0))
+        expected = 6 if message["command"] else 5
+        if self.stopped is not None or len(fds) != expected:
+            for fd in fds:
+                os.close(fd)
+            reason = self.stopped or f"a request came with {len(fds)} descriptors"
+            self._send({"kind": "refused", "id": message["id"], "reason": reason})
+            return
+        try:
+            pid = os.fork()
+        except OSError as error:
+            for fd in fds:
+                os.close(fd)
+            self._send({"kind": "failed", "id": message["id"], "error": str(error)})
+            return
+        if pid == 0:
+            self._child(message["local_rank"], fds)
+        # Before the kernel hears of it: the janitor and the supervisor end its group.
+        with contextlib.suppress(OSError):
+            os.setpgid(pid, pid)
+        # Opened before this loop could reap it, so the pidfd is surely this child's.
+        pidfd = os.pidfd_open(pid)
+        for fd in fds:
+            os.close(fd)
+        self.children[pidfd] = (pid, message["id"])
+        self._send({"kind": "forked", "id": message["id"], "pid": pid}, [pidfd])
+
+    def _child(self, local_rank: int, fds: list[int]) -> NoReturn:
+        """The forked worker: take the kernel's context, then run as a fresh worker does."""
+        spec_fd, context_fd, stdout_fd, stderr_fd, channel_fd, *rest = fds
+        try:
+            os.setpgid(0, 0)  # a group of its own at once, as a FreshProcess
+            # Errors before the worker's own redirection reach the cell too.
+            os.dup2(stdout_fd, 1)
+            os.dup2(stderr_fd, 2)
+            self.sock.close()
+            for pidfd in self.children:
+                os.close(pidfd)
+            _take_kernel_context(context_fd)
+            command_fd = rest[0] if rest else None
+            run_shipped(spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, self.pid, command_fd)
+        except BaseException:  # noqa: BLE001 - to the worker's stderr, which the cell shows
+            traceback.print_exc()
+        finally:
+            os._exit(1)
+
+    def _reap(self, pidfd: int) -> None:
+        pid, worker = self.children.pop(pidfd)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)  # it has exited: returns at once
+        code = os.waitstatus_to_exitcode(status)
+        self._send({"kind": "exit", "worker": worker, "code": code})
+
+    def _end_children(self) -> None:
+        """The kernel is gone or shut the template down: its workers go too."""
+        pids = [pid for pid, _ in self.children.values()]
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.killpg(pid, signal.SIGKILL)
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + EXIT_SECONDS
+        for pid in pids:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(ChildProcessError):
+                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                        time.sleep(0.01)
+                        continue
+                break
+
+    # -- warming ------------------------------------------------------------------
+
+    def _queue(self, modules: dict[str, str | None]) -> None:
+        if self.stopped is not None:
+            return
+        from notebook_accel.launch.warm import choose
+
+        try:
+            names, skipped = choose(modules)
+        except Exception as error:  # noqa: BLE001 - only the workers' speed depends on it
+            names, skipped = [], dict.fromkeys(modules, f"{type(error).__name__}: {error}")
+        if skipped:
+            self._send({"kind": "skipped", "modules": skipped})
+        for name in names:
+            if name not in self.queue and name not in self.failed:
+                self.queue.append(name)
+
+    def _import(self, name: str) -> None:
+        """Import `name` with every device runtime's start refused; stop warming, and
+        forking, if a device runtime or a thread started anyway."""
+        if name in sys.modules:
+            return
+        before, started = len(sys.modules), time.perf_counter()
+        undos = [platform.guard_runtime_start(lambda: True) for platform in self.platforms]
+        try:
+            importlib.import_module(name)
+        except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
+            reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
+            self.failed[name] = reason
+            self._send({"kind": "skipped", "modules": {name: reason}})
+            return
+        finally:
+            for undo in undos:
+                undo()
+        seconds, imported = time.perf_counter() - started, len(sys.modules) - before
+        self._send({"kind": "warmed", "module": name, "seconds": seconds, "imported": imported})
+        problem = _device_problem(self.platforms)
+        if problem is not None:
+            problem = f"started a device runtime: {problem}"
+        elif _thread_count() > self.threads:
+            problem = "started a thread, which forked workers would lack"
+        if problem is not None:
+            self.stopped = f"importing {name} {problem}"[:_MAX_REASON]
+            self.queue.clear()
+            self._send({"kind": "stopped", "module": name, "reason": self.stopped})
+
+    def _probe(self, message: dict) -> dict:
+        import torch
+
+        return {
+            "kind": "probed",
+            "id": message["id"],
+            "pid": self.pid,
+            "cuda_initialized": torch.cuda.is_initialized(),
+            "device_problem": _device_problem(self.platforms),
+            "threads": _thread_count(),
+            "imported": {name: name in sys.modules for name in message["modules"]},
+        }
+
+
+def _take_kernel_context(fd: int) -> None:
+    """In a forked worker: the kernel's environment, directory, path and random state."""
+    context = pickle.loads(read_all(fd))
+    os.close(fd)
+    os.environb.clear()
+    os.environb.update(context["environ"])
+    if context["cwd"] is not None:
+        os.chdir(context["cwd"])
+    sys.path[:] = context["path"]
+    if context["rng"] is not None:
+        import torch
+
+        torch.set_rng_state(torch.frombuffer(bytearray(context["rng"]), dtype=torch.uint8))
+
+
+def _device_problem(platforms: list[Any]) -> str | None:
+    for platform in platforms:
+        problem = platform.fork_problem()
+        if problem:
+            return problem
+    return None
+
+
+def _thread_count() -> int:
+    try:
+        return len(os.listdir("/proc/self/task"))
+    except OSError:
+        return threading.active_count()
