@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import os
 import time
@@ -21,7 +22,7 @@ from notebook_accel.launch.options import (
     signature_parameters,
 )
 from notebook_accel.launch.options import docstring as options_docstring
-from notebook_accel.launch.preflight import LaunchPlan, plan_launch
+from notebook_accel.launch.preflight import LaunchPlan, choose_start_method, plan_launch
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, interrupts_stop
 from notebook_accel.launch.warm import RunWarmer
@@ -196,13 +197,14 @@ def run_plan(
             # A stop press anywhere in the launch becomes a request the launch
             # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
-                _run_workers(plan, emit, stop_or_interrupt, between=warmer.step)
+                plan = _warm_before_start(plan, warmer)
+                _run_workers(plan, emit, stop_or_interrupt)
     except BaseException as failure:
         error = failure
         raise
     finally:
         emit(RunEnded(error))
-        # Before returning, so that the next launch, even in the same cell, is warm.
+        # Queues what the workers imported for later: it never lengthens this call.
         warmer.finish(interrupted=isinstance(error, KeyboardInterrupt))
     return _returned(plan, report.results)
 
@@ -236,6 +238,21 @@ def _warmer_for(plan: LaunchPlan, report: RunReport) -> RunWarmer:
     return RunWarmer(report.warming, enabled=plan.warm)
 
 
+def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
+    """Import what earlier launches left queued, before this launch's workers start.
+
+    If that started a device runtime after all (a module past warming's guard),
+    this process can no longer fork device workers: they start fresh instead.
+    """
+    if plan.start_method != "fork" or not warmer.start():
+        return plan
+    method, reason = choose_start_method("auto", plan.platform, plan.args, plan.kwargs)
+    plan = dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
+    if reason:
+        warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=3)
+    return plan
+
+
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
     first = plan.node_rank * plan.local_world_size
     if plan.return_all:  # None where a worker returned nothing (sys.exit(0))
@@ -243,9 +260,7 @@ def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
     return results.get(first)
 
 
-def _run_workers(
-    plan: LaunchPlan, emit: Emit, stop: StopSignal | None, between: Callable[[], bool]
-) -> None:
+def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
     deadline = None if plan.timeout is None else time.monotonic() + plan.timeout
     failure: WorkerError | None = None
     for attempt in range(plan.max_restarts + 1):
@@ -254,7 +269,7 @@ def _run_workers(
         emit(AttemptStarted(plan.local_world_size, attempt))
         try:
             with open_group(plan, emit, stop, attempt) as group:
-                group.wait(deadline, between=between)
+                group.wait(deadline)
                 return
         except WorkerError as error:
             if attempt == plan.max_restarts:

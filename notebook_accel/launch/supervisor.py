@@ -326,14 +326,14 @@ class WorkerGroupBase:
 
     # -- watching --------------------------------------------------------------
 
-    def wait(self, deadline: float | None, between: Callable[[], bool] | None = None) -> None:
+    def wait(self, deadline: float | None) -> None:
         """Return when every worker has exited cleanly; raise WorkerError or TimeoutError.
 
         After the first failure it listens `settle_seconds` longer (or until
         every worker has exited), so that the failure that caused the others
-        is reported first. `between` is called between events (see `serve_until`).
+        is reported first.
         """
-        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers, between)
+        self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers)
         failures = self.failed_workers()
         if failures:
             raise WorkerError(self._failures_cause_first(failures))
@@ -344,17 +344,13 @@ class WorkerGroupBase:
         deadline: float | None,
         stop: StopSignal | None,
         failed: Callable[[], list[_Worker]] | None = None,
-        between: Callable[[], bool] | None = None,
     ) -> None:
         """Handle the workers' events until `done()` is true.
 
         Raises WorkerError once `failed()` (by default: a worker raised or
         exited at all, as live workers only exit when told to) has named a
         worker for `settle_seconds`, TimeoutError at `deadline`, and
-        KeyboardInterrupt once `stop` is set. `between()`, when given, does
-        one short piece of the launching thread's own work (warming: one
-        import) and says whether it did; while it has work, events are
-        handled without waiting for them.
+        KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
         listening = (
@@ -373,9 +369,7 @@ class WorkerGroupBase:
                 if stop is not None and stop.is_set():
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
-                busy = between is not None and settle_until is None and between()
-                until = time.monotonic() if busy else settle_until or deadline
-                self._poll(until=self._hang_due(until))
+                self._poll(until=self._hang_due(settle_until or deadline))
                 self._reap_unseen_exits()
                 if settle_until is None and failed():
                     settle_until = time.monotonic() + self.settle_seconds

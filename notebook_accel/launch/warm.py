@@ -9,18 +9,26 @@ reports the modules it imported that were not imported when it was forked
 its end. This process imports the safe ones, so that the next launch's
 workers start with them.
 
-Where and when: only on the thread that runs the notebook's code, while that
-thread is inside the launch anyway. Two threads importing one package tree
-are not safe in CPython (the per-module locks' deadlock detector hands one of
-them a half-initialised module; seen as sympy and torch._dynamo ImportErrors
-in a cell that built an optimizer right after a launch), and a library may
-register fork hooks while it is imported. So a launch on the main thread (a
-notebook cell, a script) imports one module at a time between the events it
-handles while the workers train, and what is left before it returns: the
-next launch, even the next one in the same cell, is warm. A launch started
-from another thread (the panel's Launch button) leaves its imports to the
-main thread: in a Jupyter kernel as callbacks of the kernel's event loop,
-which run between cells; outside a kernel not at all.
+Where and when: only on the thread that runs the notebook's code, and never
+while a launch is finishing. Two threads importing one package tree are not
+safe in CPython (the per-module locks' deadlock detector hands one of them a
+half-initialised module; seen as sympy and torch._dynamo ImportErrors in a
+cell that built an optimizer right after a launch), and a library may
+register fork hooks while it is imported. An import cannot be cut short
+either (torch._dynamo is one import of about a second), so one begun while
+the workers run could outlast them and lengthen the call. So a launch only
+queues what its workers reported, and the queue is imported:
+
+- in a Jupyter kernel, by callbacks of the kernel's event loop, one module
+  each, which run between cells (also for a launch from another thread, such
+  as the panel's Launch button);
+- by the next launch on the main thread, before it starts its workers, for
+  what is still queued (a loop of launches in one cell, a script): that
+  launch's workers then start with it rather than importing it each;
+- outside a kernel, from another thread: not at all.
+
+A launch ends as soon as its workers have: the first launch of a fresh
+kernel takes no longer than its workers (bench/warm_launch.py).
 
 Each import holds the fork lock (launch/forking.py), so no launch in another
 thread forks a copy of a half-done import, and a stop press waits until the
@@ -86,10 +94,11 @@ def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
 class RunWarmer:
     """One launch's warming: takes the workers' reports, imports on the right thread.
 
-    `offer` takes a worker's report (in the launching thread, as events come);
-    `step` imports one pending module when called on the main thread (the
-    launch calls it between events while the workers run) and says whether it
-    did; `finish` imports what is left as the launch ends.
+    `offer` queues what a worker reported (in the launching thread, as events
+    come); `start` imports, before the workers are started, what earlier
+    launches left queued; `finish` leaves what this launch queued to the kernel's
+    event loop (between cells) or to the next launch. `drain` imports the whole
+    queue at once, where nobody waits on this process (a cluster node's agent).
     """
 
     def __init__(self, warming: Warming, enabled: bool, here: bool | None = None):
@@ -98,8 +107,6 @@ class RunWarmer:
         if here is None:
             here = threading.current_thread() is threading.main_thread()
         self._here = here
-        self._started: float | None = None
-        self._modules_before = 0
         if not enabled:
             warming.finish("off")
         elif _PROCESS.stopped is not None:
@@ -126,89 +133,143 @@ class RunWarmer:
                 warming.skipped[name] = _PROCESS.failed[name]
             elif name not in warming.pending:
                 warming.pending.append(name)
+        if warming.pending and warming not in _PROCESS.queued:
+            _PROCESS.queued.append(warming)
 
-    def step(self) -> bool:
-        """Import the next pending module if this is the main thread; True if it did."""
-        if not (self._here and self.active and self.warming.pending):
+    def start(self) -> bool:
+        """Import, on the main thread, what earlier launches left queued, so that this
+        launch's workers start with it (they would import it themselves otherwise).
+
+        Returns True if an import started a device runtime after all (warming
+        stopped): this process can then no longer fork device workers. Raises
+        KeyboardInterrupt, once the module being imported is whole, on a stop press.
+        """
+        if not (self._here and self.active and _PROCESS.queued):
             return False
-        self._import(self.warming.pending.pop(0))
-        return True
+        try:
+            while _import_next(credit=self.warming):
+                pass
+        except KeyboardInterrupt:
+            self._end("interrupted")
+            raise
+        return self.warming.status == "stopped"
+
+    def drain(self) -> None:
+        """Import this launch's queue now (where no notebook waits for this process)."""
+        if self._here and self.active:
+            while self.warming.pending and _import_next(credit=self.warming):
+                pass
+            self._end("done")
 
     def finish(self, interrupted: bool) -> None:
-        """The launch ends: import what is left here, or leave it to the kernel's loop.
+        """The launch ends: never import here (that would lengthen the call).
 
-        A stop press during an import ends warming and is raised (as
-        KeyboardInterrupt) once that module is whole.
+        What this launch queued is imported by the Jupyter kernel's event loop
+        between cells, or, outside a kernel, by the next launch on the main
+        thread before it starts its workers.
         """
         warming = self.warming
         if not self.active:
             return
         if interrupted:
-            warming.pending.clear()
+            _forget(warming)
             self._end("interrupted")
         elif not warming.pending:
             self._end("done")
-        elif self._here:
-            try:
-                while self.step():
-                    pass
-            except KeyboardInterrupt:
-                warming.pending.clear()
-                self._end("interrupted")
-                raise
-            self._end("done")
-        elif call_on_kernel_loop(self._deferred_step):
+        elif _schedule_on_kernel_loop():
             warming.status = "deferred"
+        elif self._here:
+            warming.status = "next launch"
         else:
-            warming.pending.clear()
+            _forget(warming)
             warming.problem = (
                 "launched from a thread other than the main one, outside a Jupyter kernel: "
                 "importing there could race the code on the main thread"
             )
             warming.finish("off")
 
-    def _deferred_step(self) -> None:
-        # On the kernel's main thread, between cells: one module per callback,
-        # so that a cell or a widget click waiting to run goes first.
-        if self.warming.status != "deferred":
-            return
-        if not self.warming.pending:
-            self._end("done")
-            return
-        try:
-            self._import(self.warming.pending.pop(0), deferred=True)
-        except KeyboardInterrupt:
-            self.warming.pending.clear()
-            self._end("interrupted")
-            return
-        if self.warming.status == "deferred" and not call_on_kernel_loop(self._deferred_step):
-            self._end("done")
-
-    def _import(self, name: str, deferred: bool = False) -> None:
-        warming = self.warming
-        if self._started is None:
-            self._started, self._modules_before = time.perf_counter(), len(sys.modules)
-        if not deferred:
-            warming.status = "running"
-        started = time.perf_counter()
-        try:
-            with guarded():  # no fork copies it half done; a stop press waits for it
-                problem = _import_guarded(name, warming)
-        finally:
-            warming.seconds += time.perf_counter() - started
-            warming.imported = len(sys.modules) - self._modules_before
-        if problem is not None:
-            _PROCESS.stopped = f"importing {name} started a device runtime: {problem}"
-            self._stop(_PROCESS.stopped)
-
     def _stop(self, problem: str) -> None:
         self.warming.problem = problem[:_MAX_REASON]
-        self.warming.pending.clear()
+        _forget(self.warming)
         self.warming.finish("stopped")
 
     def _end(self, status: str) -> None:
-        if self.warming.status in ("not started", "running", "deferred"):
+        if self.warming.status in ("not started", "running", "deferred", "next launch"):
             self.warming.finish(status)
+
+
+def _import_next(credit: Warming) -> bool:
+    """Import the first module still queued, crediting its time to `credit`; False when
+    the queue is empty or warming stopped. The launches whose queues it empties are done.
+    """
+    queued = _PROCESS.queued
+    while queued and not queued[0].pending:
+        _finish_queued(queued.pop(0), "done")
+    if not queued or _PROCESS.stopped is not None:
+        return False
+    name = queued[0].pending[0]
+    if credit.status == "not started":
+        credit.status = "running"
+    before, started = len(sys.modules), time.perf_counter()
+    try:
+        with guarded():  # no fork copies it half done; a stop press waits for it
+            problem = _import_guarded(name, credit)
+    finally:
+        credit.seconds += time.perf_counter() - started
+        credit.imported += len(sys.modules) - before
+        for warming in list(queued):
+            if name in warming.pending:
+                warming.pending.remove(name)
+            if not warming.pending:
+                queued.remove(warming)
+                _finish_queued(warming, "done")
+    if problem is not None:
+        _PROCESS.stopped = f"importing {name} started a device runtime: {problem}"
+        credit.problem = _PROCESS.stopped[:_MAX_REASON]
+        for warming in [credit, *queued]:
+            _forget(warming)
+            warming.problem = credit.problem
+            warming.finish("stopped")
+        return False
+    return True
+
+
+def _deferred_step() -> None:
+    # On the kernel's main thread, between cells: one module per callback, so
+    # that a cell or a widget click waiting to run goes first.
+    _PROCESS.loop_scheduled = False
+    if not _PROCESS.queued:
+        return
+    owner = _PROCESS.queued[0]
+    try:
+        more = _import_next(credit=owner)
+    except KeyboardInterrupt:
+        for warming in list(_PROCESS.queued):
+            _forget(warming)
+            _finish_queued(warming, "interrupted")
+        return
+    if more and _PROCESS.queued:
+        _schedule_on_kernel_loop()
+
+
+def _schedule_on_kernel_loop() -> bool:
+    """Have the kernel's event loop import the queue, one module per callback; False
+    outside a kernel."""
+    if not _PROCESS.loop_scheduled:
+        _PROCESS.loop_scheduled = call_on_kernel_loop(_deferred_step)
+    return _PROCESS.loop_scheduled
+
+
+def _finish_queued(warming: Warming, status: str) -> None:
+    # A launch still running keeps its own status until its finish().
+    if warming.status in ("deferred", "next launch"):
+        warming.finish(status)
+
+
+def _forget(warming: Warming) -> None:
+    warming.pending.clear()
+    if warming in _PROCESS.queued:
+        _PROCESS.queued.remove(warming)
 
 
 def warm_known(enabled: bool = True) -> Warming:
@@ -299,6 +360,10 @@ class _ProcessWarming:
     stopped: str | None = None
     # Modules whose import failed here, with the reason: not tried again.
     failed: dict[str, str] = field(default_factory=dict)
+    # The launches with modules left to import (each its `pending`), oldest first.
+    queued: list[Warming] = field(default_factory=list)
+    # Whether the kernel's event loop has a `_deferred_step` to call.
+    loop_scheduled: bool = False
 
 
 _PROCESS = _ProcessWarming()

@@ -50,15 +50,20 @@ class Warming:
     cannot run here: `problem` says why), "not needed" (the function ran in
     this process), "running" (modules are being imported, on the thread that
     runs the notebook's code), "done", "deferred" (left to the Jupyter
-    kernel's event loop, between cells: `wait()` for it), "interrupted" (a
-    stop press ended it), or "stopped" (an import started a device runtime:
+    kernel's event loop, between cells: `wait()` for it), "next launch" (left
+    to the next launch on the main thread, outside a kernel), "interrupted" (a
+    stop press ended it), "stopped" (an import started a device runtime:
     `problem` says which; the next launch refuses, and warming stays off in
-    this process), or "on the cluster" (the workers ran on a Ray cluster,
-    whose agents import what their workers had to import, after each run:
-    launch/cluster/agent.py). `modules` are the modules imported here on purpose, in
-    order; `imported` counts every module that brought in; `seconds` is what
-    it took (once, instead of in every worker of every launch). `skipped`
-    maps a module left alone to the reason.
+    this process), "on the cluster" (the workers ran on a Ray cluster, whose
+    agents import what their workers had to import, after each run:
+    launch/cluster/agent.py), or "in the template" (start method "forkserver":
+    the process the workers fork from imports it, launch/template.py).
+
+    `modules` are the modules imported here on purpose, in order (a launch
+    imports, before its workers start, what earlier launches left: it is
+    counted in its own report); `imported` counts every module that brought
+    in; `seconds` is what it took (once, instead of in every worker of every
+    launch). `skipped` maps a module left alone to the reason.
     """
 
     status: str = "not started"
@@ -115,7 +120,8 @@ class RunReport:
     world_size: int = 0
     backend: str = ""
     mixed_precision: str = "no"
-    # How the workers started: "fork", "spawn" (fresh interpreters) or "in process".
+    # How the workers started: "fork", "forkserver" (from a clean process), "spawn"
+    # (fresh interpreters) or "in process".
     start_method: str = ""
     results: dict[int, Any] = field(default_factory=dict)
     error: BaseException | None = None

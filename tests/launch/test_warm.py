@@ -1,5 +1,5 @@
-"""Warm launches: after a run the kernel imports what the workers had to import,
-never what could start a device, and no fork copies a half-done import."""
+"""Warm launches: the kernel imports what the workers had to import, never while a
+launch ends and never what could start a device, and no fork copies a half-done import."""
 
 from __future__ import annotations
 
@@ -70,6 +70,12 @@ def launch_importing(*names: str) -> list[int]:
     )
 
 
+def next_launch_warming():
+    """Launch again: outside a kernel, a launch first imports what the last one queued."""
+    launch_importing()
+    return last_run().warming
+
+
 LAUNCH_LOOP = """
 import json, sys
 assert "torch._dynamo" not in sys.modules
@@ -93,6 +99,7 @@ for launch in range(3):  # a sweep in one cell: no pause between launches
     seen.append({
         "found": found, "status": warming.status, "modules": warming.modules,
         "imported": warming.imported, "seconds": warming.seconds,
+        "kernel_has_it": "torch._dynamo" in sys.modules,
     })
 print(json.dumps(seen))
 """
@@ -106,12 +113,14 @@ def test_a_loop_of_launches_is_warm_from_the_second_with_no_pause():
     assert done.returncode == 0, done.stderr
     first, second, third = json.loads(done.stdout.strip().splitlines()[-1])
     assert first["found"] is False  # the first launch's workers imported torch._dynamo themselves
-    # ... and by the time that launch returned, the kernel had imported it too
-    assert first["status"] == "done"
-    assert any(name.startswith("torch._dynamo") for name in first["modules"])
-    assert first["imported"] > 100 and first["seconds"] > 0
-    assert second["found"] is True and third["found"] is True
-    assert second["status"] == "done" and second["modules"] == []
+    # ... and the launch returned as soon as they ended, leaving the import queued
+    assert first["status"] == "next launch" and first["modules"] == []
+    assert first["seconds"] == 0 and first["kernel_has_it"] is False
+    # the second imported it before starting its workers, which then had it
+    assert second["found"] is True and second["status"] == "done"
+    assert any(name.startswith("torch._dynamo") for name in second["modules"])
+    assert second["imported"] > 100 and second["seconds"] > 0
+    assert third["found"] is True and third["modules"] == []
 
 
 def test_a_device_package_is_skipped_before_it_is_imported(warmer, stand_ins, tmp_path):
@@ -127,15 +136,16 @@ def test_a_device_package_is_skipped_before_it_is_imported(warmer, stand_ins, tm
 
     workers = launch_importing("pycuda", "next_to_the_notebook", "plain_library")
     warming = last_run().warming
-    assert warming.wait(30)
+    assert warming.status == "next launch" and "plain_library" not in sys.modules
+    following = next_launch_warming()
 
     assert "pycuda" not in sys.modules
     assert sorted(int(pid) for pid in marker.read_text().split()) == sorted(workers)
     assert warming.skipped["pycuda"].startswith("a device package")
     assert "next_to_the_notebook" not in sys.modules
     assert warming.skipped["next_to_the_notebook"].startswith("not an installed package")
-    assert warming.modules == ["plain_library"] and "plain_library" in sys.modules
-    assert warming.status == "done"
+    assert following.modules == ["plain_library"] and "plain_library" in sys.modules
+    assert warming.status == following.status == "done"
 
 
 def test_a_module_that_would_start_cuda_is_stopped_before_it_does(warmer, stand_ins):
@@ -155,8 +165,7 @@ def test_a_module_that_would_start_cuda_is_stopped_before_it_does(warmer, stand_
     stand_ins("after_it", "VALUE = 3", installed=True)
     unguarded = torch.cuda._lazy_init
     launch_importing("starts_cuda", "after_it")
-    warming = last_run().warming
-    assert warming.wait(30)
+    warming = next_launch_warming()
 
     assert "would initialise CUDA" in warming.skipped["starts_cuda"]
     assert "starts_cuda" not in sys.modules and not torch.cuda.is_initialized()
@@ -173,10 +182,11 @@ def test_warming_stops_if_a_device_started_anyway_and_gpu_launches_start_fresh(
     stand_ins("never_reached", "VALUE = 4", installed=True)
     torch.cuda._initialized = False
     launch_importing("sneaks_cuda", "never_reached")
-    warming = last_run().warming
-    assert warming.wait(30)
+    queued = last_run().warming
+    warming = next_launch_warming()
 
-    assert warming.status == "stopped" and "importing sneaks_cuda" in warming.problem
+    assert warming.status == queued.status == "stopped"
+    assert "importing sneaks_cuda" in warming.problem
     assert "never_reached" not in sys.modules
     monkeypatch.delenv(ENV_START_METHOD, raising=False)
     plan = plan_launch(function=import_each, num_processes=2, backend="cuda", hardware=TWO_GPUS)
@@ -191,7 +201,6 @@ def test_warming_stops_if_a_device_started_anyway_and_gpu_launches_start_fresh(
 def test_a_kernel_that_initialised_cuda_before_still_cannot_fork_gpu_workers(warmer, monkeypatch):
     monkeypatch.setattr(torch.cuda, "_initialized", True)  # a cell touched a GPU
     launch_importing("json")  # CPU workers may still run
-    assert last_run().warming.wait(30)
     with pytest.raises(LaunchRefused, match="start_method='fork' cannot work here"):
         plan_launch(
             function=import_each,

@@ -196,7 +196,7 @@ def test_a_launch_in_another_thread_waits_for_a_half_done_import(installed_modul
 
     thread = threading.Thread(target=launch)
     thread.start()
-    warmer.finish(interrupted=False)  # imports slow_import here, on the main thread
+    warmer.drain()  # imports slow_import here, on the main thread
     thread.join(90)
     assert found == [True, True]  # never a fork of the half-done module
     assert warming.status == "done" and warming.modules == ["slow_import"]
@@ -218,9 +218,11 @@ def press_stop_once_the_import_began():
         time.sleep(0.005)
     os.kill(os.getpid(), signal.SIGINT)
 
+notebook_launcher(train, num_processes=2, backend="cpu", live=False)  # queues slow_import
 threading.Thread(target=press_stop_once_the_import_began, daemon=True).start()
 outcome = "returned"
 try:
+    # imports slow_import first, before its workers start
     notebook_launcher(train, num_processes=2, backend="cpu", live=False)
 except KeyboardInterrupt:
     outcome = "interrupted"
@@ -230,8 +232,9 @@ print(outcome, getattr(module, "READY", False), last_run().warming.status)
 
 
 def test_a_stop_press_while_the_kernel_imports_comes_once_the_module_is_whole(tmp_path):
-    # Its own process: it receives SIGINT. The workers import slow_import and
-    # report it at their end; the kernel imports it before the launch returns.
+    # Its own process: it receives SIGINT. The first launch's workers import
+    # slow_import and report it at their end; the next launch imports it before
+    # starting its workers, and the stop is pressed during that import.
     (tmp_path / "slow_import.py").write_text("import time\ntime.sleep(1)\nREADY = True\n")
     done = subprocess.run(
         [sys.executable, "-c", INTERRUPTED_WARMING, str(tmp_path)],

@@ -63,7 +63,7 @@ print("NEXT CELL", reports[0].warming.wait(30), reports[0].warming.status, "wave
 
 def test_run_all_launch_then_kernel_optimizer_then_launch(tmp_path):
     notebook = execute_cells(RUN_ALL, tmp_path, timeout=120)
-    assert "FIRST False done" in cell_text(notebook.cells[1])
+    assert "FIRST False deferred" in cell_text(notebook.cells[1])
     assert "KERNEL OK" in cell_text(notebook.cells[2])
     assert "SECOND True" in cell_text(notebook.cells[3])
     assert "THREAD deferred False" in cell_text(notebook.cells[4])

@@ -186,7 +186,7 @@ class NodeAgent:
         warmer = RunWarmer(warming, enabled=True, here=True)
         warmer.offer(modules)
         # Each import takes the fork lock: no worker is forked from a half-done import.
-        warmer.finish(interrupted=False)
+        warmer.drain()
         return list(warming.modules)
 
     # -- plumbing ----------------------------------------------------------------
