@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Iterator
@@ -41,3 +42,15 @@ def no_leftover_processes():
             break
         time.sleep(0.05)
     assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
+
+
+@pytest.fixture(autouse=True)
+def stop_button() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt, as in a Jupyter kernel (its stop button), even
+    where this process started with SIGINT ignored (a runner that started it in the
+    background): tests press stop, and check that a launch leaves the handler as it was."""
+    previous = signal.getsignal(signal.SIGINT)
+    if previous is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -66,6 +66,7 @@ def ignores_sigterm_then_sleeps():
 
 def test_a_second_stop_press_during_teardown_still_leaves_no_worker():
     # The second SIGINT lands while the launcher waits for SIGTERM to work.
+    handler = signal.getsignal(signal.SIGINT)
     timers = [threading.Timer(t, os.kill, (os.getpid(), signal.SIGINT)) for t in (1.0, 1.3)]
     for timer in timers:
         timer.start()
@@ -76,4 +77,4 @@ def test_a_second_stop_press_during_teardown_still_leaves_no_worker():
         for timer in timers:
             timer.cancel()
     assert live_children() == []
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    assert signal.getsignal(signal.SIGINT) is handler

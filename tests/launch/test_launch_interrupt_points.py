@@ -22,7 +22,7 @@ import pytest
 import torch.distributed as dist
 
 from notebook_accel import notebook_launcher
-from notebook_accel.launch import forking, rendezvous, supervisor
+from notebook_accel.launch import forking, rendezvous, supervisor, template
 from notebook_accel.reporting.events import AttemptStarted, Result, RunEnded, WorkerExited
 from notebook_accel.reporting.observers import RunObserver
 from tests_support import live_children
@@ -107,6 +107,9 @@ def as_it_was(launched_once):
     yield
     assert live_children() == []
     assert signal.getsignal(signal.SIGINT) is handler
+    # The template of start method "forkserver" outlives a launch on purpose (its
+    # socket and error file stay open): ended first, so that anything else shows.
+    template.shutdown_template()
     assert fds_back_to(fds) == fds
 
 
