@@ -6,6 +6,7 @@ import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from notebook_accel.launch.debugging import ask_in_cell
 from notebook_accel.launch.preflight import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, WorkerGroupBase
@@ -37,12 +38,14 @@ def open_group(
         opening = open_cluster_group(plan, emit, stop, attempt, commands, interrupt or stop)
         with opening as group:
             group.hang_after = plan.explain_hang_after
+            group.prompter = ask_in_cell
             yield group
         return
     with Rendezvous.for_plan(plan, forks=True) as rendezvous:
         spec = plan.worker_spec(rendezvous.port, attempt)
         group = WorkerGroup(dataclasses.replace(spec, commands=commands), emit, stop)
         group.hang_after = plan.explain_hang_after
+        group.prompter = ask_in_cell  # a worker's input() and breakpoint() ask in the cell
         try:
             group.start()
             rendezvous.serve()

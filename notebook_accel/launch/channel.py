@@ -1,7 +1,8 @@
-"""Events from a worker to the launching process, over a pipe.
+"""Events from a worker to the launching process, over a socket pair.
 
 Each frame is a pickled list of events (see reporting/events.py) behind an 8-byte
-length: one event, or a batch of them in the order they were sent. A pipe
+length: one event, or a batch of them in the order they were sent. The other
+way, the launching process answers a worker's prompt (launch/debugging.py). A
 write returns only once the kernel holds the bytes, so a worker may exit
 right after sending; a multiprocessing Queue's feeder thread would lose the
 message, and tensors sent through it would travel as shared-memory handles
@@ -38,6 +39,11 @@ class ChannelWriter:
         self._lock = threading.Lock()
         self._pending: list[ChannelEvent] = []
         self._flusher: threading.Thread | None = None
+
+    @property
+    def fd(self) -> int:
+        """The descriptor events go down (a socket: answers to prompts come back on it)."""
+        return self._fd
 
     def send(self, event: ChannelEvent, batch: bool = False) -> None:
         """Write `event` now, or with the next batch; raises if it cannot be pickled."""

@@ -334,6 +334,15 @@ OPTIONS: dict[str, Option] = {
             parse=float,
         ),
         Option(
+            "post_mortem",
+            False,
+            "a worker whose function raises opens pdb on its frames, prompting in the cell "
+            "(up/down, print, evaluate; c or q ends it); the other workers are stopped",
+            _flag,
+            "bool",
+            saved=False,
+        ),
+        Option(
             "fsdp",
             None,
             "shard models with FSDP2 in prepare(): True, or FullyShardedDataParallelPlugin "

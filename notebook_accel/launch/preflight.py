@@ -71,6 +71,8 @@ class LaunchPlan:
     # Where the workers run when not on this machine: a Ray cluster's request
     # (launch/cluster/request.py), with the function and arguments packed for it.
     cluster: ClusterRequest | None = None
+    # A worker that raises opens pdb on its frames in the cell (launch/debugging.py).
+    post_mortem: bool = False
 
     @property
     def world_size(self) -> int:
@@ -139,6 +141,7 @@ class LaunchPlan:
             # A fresh interpreter imports everything itself, whatever this process holds.
             report_imports=self.warm and self.start_method in ("fork", "forkserver"),
             start_method=self.start_method,
+            post_mortem=self.post_mortem,
         )
 
 
@@ -192,6 +195,7 @@ def plan_launch(
         threads_per_process=values["threads_per_process"] or 1,
         single_in_process=single_in_process and platform.single_worker_in_process,
         warm=values["warm"],
+        post_mortem=values["post_mortem"],
     )
     return _check_how_it_runs(plan, values["start_method"])
 
@@ -226,6 +230,7 @@ def _plan_on_cluster(function: Any, args: tuple, kwargs: dict, values: dict) -> 
         threads_per_process=values["threads_per_process"] or 1,
         single_in_process=False,
         warm=values["warm"],
+        post_mortem=values["post_mortem"],
         cluster=request,
     )
 

@@ -29,6 +29,7 @@ import os
 import select
 import selectors
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -38,6 +39,7 @@ from typing import Any
 import psutil
 
 from notebook_accel.launch.channel import ChannelReader
+from notebook_accel.launch.debugging import InputUnavailable, Prompter, answer_frame
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -59,6 +61,7 @@ from notebook_accel.launch.template import TemplateProcess
 # again (milliseconds per worker).
 from notebook_accel.launch.worker import WorkerSpec, worker_main
 from notebook_accel.reporting.events import (
+    InputRequested,
     OutputLine,
     RanksStuck,
     ResourceSample,
@@ -87,6 +90,8 @@ STUCK_ON_STOP_SECONDS = 5.0
 # started the launcher keeps reading (a dump arrives in a few pipe reads).
 STACKS_WAIT_SECONDS = 3.0
 STACKS_SETTLE_SECONDS = 0.3
+# How long a worker may take to read the answer to its own prompt.
+ANSWER_WRITE_SECONDS = 5.0
 
 Emit = Callable[[RunEvent], None]
 
@@ -186,6 +191,11 @@ class LineBuffer:
         *lines, self._pending = (self._pending + data).split(b"\n")
         return [line.decode(errors="replace") + "\n" for line in lines]
 
+    def take_partial(self) -> str:
+        """The partial last line (a prompt), taken out of the buffer."""
+        rest, self._pending = self._pending, b""
+        return rest.decode(errors="replace")
+
     def flush(self) -> list[str]:
         """The partial last line, if any, with a newline added."""
         rest, self._pending = self._pending, b""
@@ -243,6 +253,13 @@ class _Worker:
     fatal: FatalReport = field(default_factory=FatalReport)
     # Its Python stacks, when the launcher asked for them (launch/stacks.py).
     stacks: StackCapture = field(default_factory=StackCapture)
+    # Stopped by the launcher while a peer was in its post-mortem debugger: a casualty.
+    stopped_for_peer: bool = False
+
+    @property
+    def in_post_mortem(self) -> bool:
+        """Whether it is in its post-mortem debugger (raised with post_mortem, not ended)."""
+        return self.error is not None and self.error.post_mortem and not self.ended
 
     @property
     def ended(self) -> bool:
@@ -283,6 +300,13 @@ class WorkerGroupBase:
         self.hang_after: float | None = None
         self._last_progress = time.monotonic()
         self._hang_explained = False
+        # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
+        # can answer, for `no_prompt_reason`.
+        self.prompter: Prompter | None = None
+        self.no_prompt_reason = "nobody can answer input here"
+        # Seconds spent at prompts since the loop last looked: they do not count
+        # towards the run's timeout.
+        self._prompt_seconds = 0.0
 
     # -- what a subclass provides --------------------------------------------------
 
@@ -371,7 +395,12 @@ class WorkerGroupBase:
                     raise KeyboardInterrupt("the run was stopped")
                 self._poll(until=self._hang_due(settle_until or deadline))
                 self._reap_unseen_exits()
-                if settle_until is None and failed():
+                if deadline is not None:
+                    deadline += self._prompt_seconds
+                self._prompt_seconds = 0.0
+                # A worker in its post-mortem debugger ends when the user is done with it.
+                debugging = any(worker.in_post_mortem for worker in self.workers)
+                if settle_until is None and failed() and not debugging:
                     settle_until = time.monotonic() + self.settle_seconds
                 self._explain_if_hung()
 
@@ -462,9 +491,60 @@ class WorkerGroupBase:
                 traceback="",
                 time=time.time(),
             )
+        if isinstance(event, InputRequested):
+            self._answer_prompt(worker)
+            return
         if isinstance(event, WorkerRaised):
             worker.error = event
+            if event.post_mortem:
+                self._stop_others_for(worker)
         self.emit(event)
+
+    # -- prompts and debuggers in a worker (launch/debugging.py) --------------------------
+
+    def _answer_prompt(self, worker: _Worker) -> None:
+        """Ask in the cell for the line `worker` waits for, and send it back."""
+        prompt = self._take_prompt(worker)
+        started = time.monotonic()
+        line, reason, pressed = None, self.no_prompt_reason, False
+        try:
+            if self.prompter is not None:
+                line = self.prompter(worker.rank, prompt)
+        except InputUnavailable as why:
+            reason = str(why)
+        except KeyboardInterrupt:
+            reason, pressed = "the run was stopped", True
+        finally:
+            self._prompt_seconds += time.monotonic() - started
+            self._progressed()
+        if line is None and prompt:  # not asked: the text stays in the output
+            self.emit(OutputLine(worker.rank, "stdout", prompt + "\n"))
+        try:
+            self._send_answer(worker, answer_frame(line, reason))
+        except (OSError, TimeoutError, NotImplementedError):
+            pass  # it is gone, or cannot be answered from here: its read fails
+        if pressed:
+            if self.stop_signal is None:
+                raise KeyboardInterrupt("the run was stopped")
+            self.stop_signal.set()
+
+    def _take_prompt(self, worker: _Worker) -> str:
+        """What `worker` wrote before its prompt (shown first), and the prompt itself."""
+        return ""
+
+    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+        """Write `frame` down `worker`'s channel, to the prompt that waits for it."""
+        raise NotImplementedError
+
+    def _stop_others_for(self, worker: _Worker) -> None:
+        """`worker` opens its post-mortem debugger: end the other workers now, as a
+        failure would; it ends when the user is done with it."""
+        for other in self.workers:
+            if other is worker or other.ended or other.stopped_for_peer:
+                continue
+            other.stopped_for_peer = True
+            with contextlib.suppress(NotImplementedError):
+                self.signal(other.rank, signal.SIGTERM)
 
     def _exited(self, worker: _Worker, exitcode: int | None, lost: str = "") -> None:
         """Record that `worker` exited with `exitcode` (or was lost, saying why), once
@@ -485,7 +565,10 @@ class WorkerGroupBase:
         # A worker that died without raising (a signal, os._exit, a lost node) cannot
         # be a casualty of a peer's Python exception; among the ones that raised, the
         # earliest raised first and the rest saw its connection close.
+        # Those the launcher stopped for a peer's post-mortem debugger come last.
         def order(worker: _Worker) -> tuple[int, float]:
+            if worker.stopped_for_peer and worker.error is None:
+                return (2, worker.noticed_at)
             if worker.error is None:
                 return (0, worker.noticed_at)
             return (1, worker.error.time)
@@ -586,7 +669,8 @@ class WorkerGroup(WorkerGroupBase):
     def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
-        chan_r, chan_w = os.pipe()
+        # A socket pair: events come up, answers to the worker's prompts go down.
+        chan_r, chan_w = (end.detach() for end in socket.socketpair())
         # Live workers read their calls from a pipe whose write end stays here.
         command_r, command_w = os.pipe() if self.spec.commands else (None, None)
         ours = [fd for fd in (out_r, err_r, chan_r, command_w) if fd is not None]
@@ -709,6 +793,26 @@ class WorkerGroup(WorkerGroupBase):
 
     def _fds_of(self, worker: _Worker) -> list[int]:
         return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
+
+    def _take_prompt(self, worker: _Worker) -> str:
+        prompt = ""
+        for fd in self._fds_of(worker):
+            pipe = self._pipes[fd]
+            if pipe.stream != "channel":
+                self._drain(fd)  # what it wrote before the prompt is shown first
+                if pipe.stream == "stdout":
+                    prompt = pipe.lines.take_partial()
+        return prompt
+
+    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+        write_before(self.channel_fd(worker), frame, time.monotonic() + ANSWER_WRITE_SECONDS)
+
+    def channel_fd(self, worker: _Worker) -> int:
+        """This process's end of `worker`'s channel; OSError once it is closed."""
+        for fd in self._fds_of(worker):
+            if self._pipes[fd].stream == "channel":
+                return fd
+        raise OSError("its channel is closed")
 
     @contextlib.contextmanager
     def _listening_to(self, stop: StopSignal) -> Iterator[None]:

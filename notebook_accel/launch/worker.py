@@ -28,6 +28,7 @@ from types import CodeType, TracebackType
 from typing import Any, NoReturn
 
 from notebook_accel.config.settings import ENV_BACKEND
+from notebook_accel.launch import debugging
 from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.launch.stacks import STACK_SIGNAL
 from notebook_accel.launch.warm import imported_since
@@ -85,6 +86,9 @@ class WorkerSpec:
     # The rank whose value comes back without return_all: by default this node's
     # first (each machine's launcher returns its own); on a cluster, rank 0.
     main_rank: int | None = None
+    # A worker whose function raises opens pdb on its frames, prompting in the
+    # cell, before it ends (launch/debugging.py).
+    post_mortem: bool = False
 
     def unpacked(self) -> WorkerSpec:
         """This spec with the shipped function and arguments unpickled (in the worker)."""
@@ -155,6 +159,7 @@ def worker_main(
     channel = ChannelWriter(channel_fd)
     _CHANNEL, _COMMAND_FD = channel, command_fd
     rank = spec.global_rank(local_rank)
+    debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
     imports = _ImportReporter(channel, rank, modules_at_fork) if spec.report_imports else None
     # One worker per node reports at milestones (its peers import the same); all at the end.
     early = imports.report if imports is not None and local_rank == 0 else None
@@ -229,7 +234,10 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         return exitcode
     except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
         _send_peak_resources(channel, rank)
-        _send_error(channel, rank, error, spec.function)
+        debug = spec.post_mortem and isinstance(error, Exception)
+        _send_error(channel, rank, error, spec.function, post_mortem=debug)
+        if debug:
+            debugging.post_mortem(error, _user_frames(error, spec.function), rank)
         return 1
     return 0
 
@@ -314,7 +322,11 @@ def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:
 
 
 def _send_error(
-    channel: ChannelWriter, rank: int, error: BaseException, function: Callable[..., Any]
+    channel: ChannelWriter,
+    rank: int,
+    error: BaseException,
+    function: Callable[..., Any],
+    post_mortem: bool = False,
 ) -> None:
     channel.send(
         WorkerRaised(
@@ -322,25 +334,30 @@ def _send_error(
             exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
             traceback=_user_traceback(error, function),
             time=time.time(),
+            post_mortem=post_mortem,
         )
     )
 
 
 def _user_traceback(error: BaseException, function: Callable[..., Any]) -> str:
-    """The traceback from the user's function down, without the launcher's frames.
+    """The traceback from the user's function down, without the launcher's frames."""
+    return "".join(traceback.format_exception(type(error), error, _user_frames(error, function)))
 
-    It starts at the first frame of `function` itself; where that is not on
-    the way (the backend failed before calling it, or the function is a
-    callable whose code cannot be told), right below `_call_user_function`;
-    failing both (an error in sending the result), at the last frame.
+
+def _user_frames(error: BaseException, function: Callable[..., Any]) -> TracebackType | None:
+    """Where the user's part of `error`'s traceback starts.
+
+    At the first frame of `function` itself; where that is not on the way
+    (the backend failed before calling it, or the function is a callable
+    whose code cannot be told), right below `_call_user_function`; failing
+    both (an error in sending the result), at the last frame.
     """
     tb = error.__traceback__
-    start = (
+    return (
         _first_frame_running(tb, _code_of(function))
         or _frame_after(tb, _call_user_function.__code__)
         or _last_frame(tb)
     )
-    return "".join(traceback.format_exception(type(error), error, start))
 
 
 def _code_of(function: Callable[..., Any]) -> CodeType | None:

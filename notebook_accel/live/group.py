@@ -109,6 +109,8 @@ class LiveWorkers:
         # What the user must know after the process group was formed again (FSDP models).
         self._regroup_note = ""
         self._generation = 0  # how many times the process group was formed again
+        # The rank whose error caused the last failed call: what debug() opens by default.
+        self._last_failed_rank: int | None = None
 
     # -- the group's life --------------------------------------------------------
 
@@ -421,6 +423,7 @@ class LiveWorkers:
         if not_formed and not failures:
             raise GroupEnded(not_formed)
         if failures:
+            self._last_failed_rank = failures[0].rank
             ending = "the workers are still running, with their state."
             still_in_call = self._still_in_call
             if still_in_call:
@@ -449,6 +452,24 @@ class LiveWorkers:
         return [
             WorkerFailure(a.rank, None, traceback=a.traceback, exception=a.error) for a in failed
         ]
+
+    def debug(self, rank: int | None = None, timeout: float | None = None) -> None:
+        """Open pdb on the frames of the last call that failed on `rank` (by default the
+        rank whose error failed the last failed call), as `%debug` does for the
+        kernel's own errors: its prompts come to this cell, prefixed with the rank.
+        Move up and down, print locals, evaluate expressions; `c` or `q` ends the
+        debugger, and the worker stays up with its state. The worker keeps that
+        error (and what its frames hold) until a later call fails there."""
+        from notebook_accel.live.serve import debug_last_error
+
+        if rank is None:
+            if self._last_failed_rank is None:
+                raise RuntimeError(
+                    "no call has failed on these workers: there is nothing to debug. "
+                    "debug(rank) opens a rank's last error."
+                )
+            rank = self._last_failed_rank
+        self.run(debug_last_error, ranks=[rank], timeout=timeout)
 
     def interrupt(self) -> None:
         """Interrupt the running call, as the notebook's stop button does (from any

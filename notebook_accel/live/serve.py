@@ -26,6 +26,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import linecache
+import os
 import pickle
 import queue
 import signal
@@ -34,6 +35,7 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from types import TracebackType
 from typing import Any
 
 from notebook_accel.live import regroup
@@ -47,6 +49,10 @@ from notebook_accel.training.nested import to_cpu
 # not stopped this much later is interrupted where it runs (the launcher waits
 # STOP_GRACE_SECONDS in all, live/group.py).
 FORCE_AFTER_SECONDS = 2.0
+
+# The last error a call raised in this worker, for LiveWorkers.debug(): kept until the
+# next one, as IPython keeps the kernel's last error for %debug.
+_last_error: BaseException | None = None
 
 
 def serve() -> None:
@@ -125,6 +131,8 @@ def _formed_again(call: Call, rank: int) -> CallFinished:
 
 
 def _failed(rank: int, call: Call, error: BaseException, started: float) -> CallFinished:
+    global _last_error
+    _last_error = error
     return CallFinished(
         rank,
         call.call_id,
@@ -186,9 +194,24 @@ def _interruptible() -> Iterator[None]:
         interrupts.clear()
 
 
+def debug_last_error() -> None:
+    """In a live worker: pdb on the frames of the last call that failed here, prompting
+    in the cell (LiveWorkers.debug)."""
+    from notebook_accel.launch import debugging
+
+    error = _last_error
+    if error is None:
+        raise RuntimeError("no call has failed on this worker: there is nothing to debug")
+    debugging.post_mortem(error, _user_frames(error), int(os.environ.get("RANK", "0")))
+
+
 def _user_traceback(error: BaseException) -> str:
     """The traceback from the user's code down, without this loop's frames."""
+    return "".join(traceback.format_exception(type(error), error, _user_frames(error)))
+
+
+def _user_frames(error: BaseException) -> TracebackType | None:
     tb = error.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    return "".join(traceback.format_exception(type(error), error, tb))
+    return tb

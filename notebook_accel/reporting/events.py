@@ -77,6 +77,18 @@ class WorkerRaised:
     exception: str
     traceback: str
     time: float
+    # The worker opens a post-mortem debugger now (launch option post_mortem): it
+    # ends once the debugger does, and the launcher stops the others meanwhile.
+    post_mortem: bool = False
+
+
+@dataclass(frozen=True)
+class InputRequested:
+    """A worker reads its stdin (`input()`, a debugger's prompt): the launching process
+    asks in the cell and writes the answer back down the channel (launch/debugging.py).
+    The prompt is what the worker last wrote to stdout without a newline."""
+
+    rank: int
 
 
 @dataclass
@@ -153,7 +165,14 @@ class RunEnded:
 
 # Events a worker sends down its channel.
 ChannelEvent = (
-    MetricRecord | Progress | PeakResources | ModulesImported | Result | WorkerRaised | CallFinished
+    MetricRecord
+    | Progress
+    | PeakResources
+    | ModulesImported
+    | Result
+    | WorkerRaised
+    | CallFinished
+    | InputRequested
 )
 RunEvent = (
     ChannelEvent

@@ -154,6 +154,16 @@ class NodeAgent:
             fd = group.command_fd(group.workers[0].rank)
         write_before(fd, frame, time.monotonic() + seconds)
 
+    def answer(self, frame: bytes, seconds: float) -> None:
+        """Write the answer to the worker's prompt (launch/debugging.py) down its channel;
+        TimeoutError if the worker does not take it within `seconds`."""
+        with self._lock:
+            group = self._group
+            if group is None or not group.workers:
+                raise OSError("this agent runs no worker")
+            fd = group.channel_fd(group.workers[0])
+        write_before(fd, frame, time.monotonic() + seconds)
+
     def close_commands(self) -> None:
         """Close the worker's call pipe: a live worker then finishes and exits."""
         with self._lock:
@@ -211,6 +221,12 @@ class _RelayGroup(WorkerGroup):
     reported_exit = False
 
     def _take(self, pipe: _Pipe, data: bytes) -> None:
+        if pipe.stream == "channel":
+            # What the worker wrote before it sent this goes first: the kernel takes a
+            # prompt's text from the end of its stdout (launch/debugging.py).
+            for fd in self._fds_of(pipe.worker):
+                if self._pipes[fd].stream != "channel":
+                    self._drain(fd)
         self.emit((pipe.stream, data))
 
     def _exited(self, worker: Any, exitcode: int | None, lost: str = "") -> None:

@@ -46,6 +46,7 @@ from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
 from notebook_accel.launch.preflight import LaunchPlan
 from notebook_accel.launch.supervisor import (
+    ANSWER_WRITE_SECONDS,
     KILL_REAP_SECONDS,
     TERMINATE_GRACE_SECONDS,
     Emit,
@@ -254,6 +255,22 @@ class RayWorkerGroup(WorkerGroupBase):
         detail = _first_line(error)
         self._flush(worker)
         self._exited(worker, None, lost=f"{because} ({detail})" if detail else because)
+
+    # -- prompts in a worker (launch/debugging.py) ------------------------------------
+
+    def _take_prompt(self, worker: _Worker) -> str:
+        # The agent relays a worker's output before what its channel sent after it.
+        return self._pipes[(worker.rank, "stdout")].lines.take_partial()
+
+    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+        ray = self._ray
+        ref = self._agents[worker.rank].answer.remote(frame, ANSWER_WRITE_SECONDS)
+        try:
+            ray.get(ref, timeout=ANSWER_WRITE_SECONDS + ORDER_SECONDS)
+        except ray.exceptions.GetTimeoutError:
+            raise TimeoutError("the worker's agent did not answer") from None
+        except ray.exceptions.RayError as error:
+            raise OSError(_first_line(error)) from None
 
     # -- live workers ------------------------------------------------------------
 

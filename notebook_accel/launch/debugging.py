@@ -1,0 +1,246 @@
+"""A worker's stdin, `breakpoint()` and post-mortem debugger, answered in the cell.
+
+A worker's `sys.stdin` reads from the notebook: `input()`, `breakpoint()` and
+`pdb.set_trace()` in the training function write their prompt to stdout, send
+`InputRequested` down the channel and wait for the answer on the same socket.
+The launching process (launch/supervisor.py) takes the unfinished last line of
+that worker's stdout as the prompt, asks for a line where the user runs the
+launch (`input()`: Jupyter's stdin request in a kernel, the terminal in a
+script), prefixed with the rank, and writes it back. While one rank waits at
+its prompt the others run on until they need it (a collective, their own
+prompt). On a Ray cluster the node's agent relays both ways. Where nobody can
+answer (a launch from a thread, a frontend without stdin) the answer says
+why: `input()` then raises EOFError and a debugger continues, so a forgotten
+`breakpoint()` never hangs a run.
+
+With the launch option `post_mortem=True` a worker whose function raises
+opens the same debugger on the frames of its exception (`%debug` for a
+rank) before it ends; live workers keep their last error for
+`LiveWorkers.debug()`.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import struct
+import sys
+import threading
+from collections.abc import Callable
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING
+
+from notebook_accel.reporting.events import InputRequested
+
+if TYPE_CHECKING:
+    from notebook_accel.launch.channel import ChannelWriter
+
+# The frames that call the user's function in a worker (a launch's, a live one's), and
+# above them the launching process's own, which a forked worker's stack still holds.
+_SCAFFOLDING = re.compile(r"/notebook_accel/(launch|live|platforms)/")
+
+# An answer: b"L" and a line, or b"E" and why there is none; then the text's length.
+_ANSWER = struct.Struct("<cQ")
+
+POST_MORTEM_HELP = (
+    "up/down move through its frames, p/pp print, any expression is evaluated; c or q leaves it"
+)
+
+
+class InputUnavailable(Exception):
+    """Nobody can answer a worker's prompt here; the message says why."""
+
+
+# -- the launching process's side --------------------------------------------------------
+
+
+def answer_frame(line: str | None, reason: str = "") -> bytes:
+    """The bytes that answer a worker's prompt: `line`, or None and why there is none."""
+    if line is None:
+        body = reason.encode()
+        return _ANSWER.pack(b"E", len(body)) + body
+    body = line.encode() if line.endswith("\n") else (line + "\n").encode()
+    return _ANSWER.pack(b"L", len(body)) + body
+
+
+def ask_in_cell(rank: int, prompt: str) -> str:
+    """Ask for one line where this launch runs, the prompt prefixed with the rank.
+
+    Raises InputUnavailable when nobody can answer here, and KeyboardInterrupt
+    when the stop button is pressed at the prompt.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        raise InputUnavailable(
+            "the launch runs on a thread other than the notebook's main one, where nobody "
+            "can answer"
+        )
+    import signal
+
+    # The launch turns a stop press into a flag; at a prompt it must end the wait.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        return input(f"[rank {rank}] {prompt}")
+    except EOFError:
+        raise InputUnavailable("this process's stdin is closed") from None
+    except KeyboardInterrupt:
+        raise
+    except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
+        raise InputUnavailable(
+            f"this frontend cannot answer input ({type(error).__name__}: {error})"
+        ) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+# -- the worker's side -------------------------------------------------------------------
+
+
+class CellInput(io.TextIOBase):
+    """A worker's `sys.stdin`: each line read is asked of the notebook."""
+
+    def __init__(self, channel: ChannelWriter, rank: int) -> None:
+        super().__init__()
+        self._channel, self._rank = channel, rank
+        self._lock = threading.Lock()
+
+    def readable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:
+        return False
+
+    def read(self, size: int | None = -1) -> str:
+        return self.readline()
+
+    def readline(self, size: int | None = -1) -> str:
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # the prompt is in the pipe before the request
+        with self._lock:
+            try:
+                self._channel.send(InputRequested(self._rank))
+                line, reason = _read_answer(self._channel.fd)
+            except OSError as error:
+                line, reason = None, f"the launching process is gone ({error})"
+        if line is not None:
+            return line
+        if _in_debugger(sys._getframe(1)):
+            print(f"[debugger not opened: {reason}; continuing]", file=sys.stderr, flush=True)
+            return "continue\n"
+        print(f"[input() got no answer: {reason}]", file=sys.stderr, flush=True)
+        return ""
+
+
+def install(channel: ChannelWriter, rank: int) -> None:
+    """In a worker: stdin and `breakpoint()` answered in the notebook."""
+    import builtins
+
+    sys.stdin = CellInput(channel, rank)
+    sys.breakpointhook = breakpoint_hook
+    # A kernel replaces input() with its own, which talks to the frontend over the
+    # kernel's sockets (a forked worker must not), and IPython replaces pdb.Pdb with
+    # a debugger that reads through it: back to Python's, which read sys.stdin.
+    builtins.input = _input
+    pdb = sys.modules.get("pdb")
+    if pdb is not None:
+        pdb.Pdb = _python_pdb_class()
+
+
+def _input(prompt: object = "") -> str:
+    """input() where stdin is not a terminal, as Python does it."""
+    sys.stdout.write(str(prompt))
+    sys.stdout.flush()
+    line = sys.stdin.readline()
+    if not line:
+        raise EOFError("EOF when reading a line")
+    return line[:-1] if line.endswith("\n") else line
+
+
+def _python_pdb_class() -> type:
+    import pdb
+
+    return next(cls for cls in pdb.Pdb.__mro__ if cls.__module__ == "pdb")
+
+
+def breakpoint_hook(*args: object, **kwargs: object) -> None:
+    """`breakpoint()` in a worker: pdb on the caller's frame, its prompts in the cell.
+
+    PYTHONBREAKPOINT keeps its meaning: "0" turns breakpoints off, another
+    value names the debugger to call instead.
+    """
+    chosen = os.environ.get("PYTHONBREAKPOINT")
+    if chosen and chosen.startswith("ray.util.rpdb."):
+        # Set by Ray in every process of its own (a cluster node's agent), for its
+        # debugger of Ray tasks; a worker forked from the agent is not one.
+        chosen = None
+    if chosen == "0":
+        return
+    if chosen:
+        sys.__breakpointhook__(*args, **kwargs)
+        return
+    worker_pdb().set_trace(sys._getframe(1))
+
+
+def post_mortem(error: BaseException, tb: TracebackType | None, rank: int) -> None:
+    """Open pdb on the frames of `error` from `tb` down, prompting in the cell; return
+    when the user continues or quits."""
+    summary = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
+    print(f"rank {rank} raised {summary}: post-mortem debugger ({POST_MORTEM_HELP})", flush=True)
+    debugger = worker_pdb()
+    debugger.reset()
+    try:
+        debugger.interaction(None, tb or error.__traceback__)
+    except Exception:  # noqa: BLE001 - a quit ends the debugger, and so this rank
+        pass
+
+
+def worker_pdb() -> object:
+    """A pdb whose stack starts at the user's code: the frames above it (the worker's
+    own, and in a forked worker the launching process's) are left out."""
+
+    class WorkerPdb(_python_pdb_class()):  # type: ignore[misc]
+        def get_stack(self, f, t):  # type: ignore[no-untyped-def]
+            stack, index = super().get_stack(f, t)
+            ours = [n for n, (frame, _) in enumerate(stack) if _is_scaffolding(frame)]
+            if not ours or ours[-1] >= index:  # stopped in our own code: show it all
+                return stack, index
+            cut = ours[-1] + 1
+            return stack[cut:], index - cut
+
+    # nosigint: the launcher owns the stop button; pdb's own SIGINT handler would not
+    # reach a worker, and a live worker's handler must stay.
+    return WorkerPdb(nosigint=True)
+
+
+def _is_scaffolding(frame: FrameType) -> bool:
+    return bool(_SCAFFOLDING.search(frame.f_code.co_filename))
+
+
+def _read_answer(fd: int) -> tuple[str | None, str]:
+    kind, length = _ANSWER.unpack(_read_exactly(fd, _ANSWER.size))
+    text = _read_exactly(fd, length).decode(errors="replace")
+    return (text, "") if kind == b"L" else (None, text)
+
+
+def _read_exactly(fd: int, size: int) -> bytes:
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, size - len(data))
+        if not chunk:
+            raise OSError("the channel closed")
+        data += chunk
+    return bytes(data)
+
+
+def _in_debugger(frame: FrameType | None) -> bool:
+    import bdb
+
+    while frame is not None:
+        if isinstance(frame.f_locals.get("self"), bdb.Bdb):
+            return True
+        frame = frame.f_back
+    return False
+
+
+# What a group of workers calls to answer a prompt: (rank, prompt) -> the line.
+Prompter = Callable[[int, str], str]

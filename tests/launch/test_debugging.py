@@ -1,0 +1,182 @@
+"""A worker's input(), breakpoint() and post-mortem debugger, answered where the launch runs.
+
+Real 2-worker gloo runs under every start method; the user at the prompt is played
+by `input()` in this process (what a kernel turns into Jupyter's stdin request and
+a script reads from its terminal). The same in a real Jupyter kernel:
+tests/notebooks/test_debugging_in_kernel.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from notebook_accel import Accelerator, WorkerError, notebook_launcher
+from notebook_accel.launch import debugging
+
+pytestmark = [pytest.mark.usefixtures("each_start_method"), pytest.mark.timeout(90)]
+
+
+class User:
+    """Plays the user at the prompts: records each prompt, gives the next answer (a
+    line, an exception to raise, or a function to call for it)."""
+
+    def __init__(self, *answers):
+        self.answers = list(answers)
+        self.prompts: list[str] = []
+
+    def __call__(self, prompt: str = "") -> str:
+        self.prompts.append(prompt)
+        if not self.answers:
+            raise EOFError
+        answer = self.answers.pop(0)
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer() if callable(answer) else answer
+
+
+@pytest.fixture
+def user(monkeypatch):
+    def play(*answers) -> User:
+        player = User(*answers)
+        # Where the launch asks (not builtins.input: a forked worker would inherit that).
+        monkeypatch.setattr(debugging, "input", player, raising=False)
+        return player
+
+    return play
+
+
+def stops_on_rank_one():
+    accelerator = Accelerator()
+    secret = torch.tensor([1.0, 2.0]) * (accelerator.process_index + 1)
+    if accelerator.process_index == 1:
+        breakpoint()
+        secret = secret * 10  # a debugger command can change what comes next
+    return accelerator.gather(secret).tolist()
+
+
+def test_breakpoint_in_a_worker_opens_pdb_in_the_cell_and_continuing_lets_the_run_go_on(
+    user, capfd
+):
+    player = user("p secret", "secret = secret + 1", "c")
+    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
+    # the peer waited in its collective while rank 1 was at its prompt
+    assert result == [1.0, 2.0, 30.0, 50.0]
+    assert player.prompts == ["[rank 1] (Pdb) "] * 3
+    out = capfd.readouterr().out
+    assert "[rank 1] > " in out and "test_debugging.py(" in out and "stops_on_rank_one()" in out
+    assert "[rank 1] tensor([2., 4.])\n" in out
+    # pdb's stack starts at the user's code: the worker's frames are left out
+    assert "worker.py" not in out
+
+
+def each_rank_asks():
+    accelerator = Accelerator()
+    name = input(f"rank {accelerator.process_index}, your name? ")
+    breakpoint()
+    return name
+
+
+def test_every_rank_s_prompt_says_which_rank_and_input_in_a_worker_is_answered(user):
+    player = user("ada", "grace", "c", "c")
+    names = notebook_launcher(
+        each_rank_asks, num_processes=2, backend="cpu", timeout=60, return_all=True
+    )
+    assert sorted(names) == ["ada", "grace"]
+    asked = sorted(player.prompts[:2])
+    assert asked == ["[rank 0] rank 0, your name? ", "[rank 1] rank 1, your name? "]
+    assert sorted(player.prompts[2:]) == ["[rank 0] (Pdb) ", "[rank 1] (Pdb) "]
+
+
+def test_where_nobody_can_answer_a_breakpoint_is_passed_and_input_raises_eof(user, capfd):
+    user()  # the frontend has no stdin: every prompt gets EOFError
+    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
+    assert result == [1.0, 2.0, 20.0, 40.0]
+    assert "[debugger not opened: this process's stdin is closed; continuing]" in (
+        capfd.readouterr().err
+    )
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(each_rank_asks, num_processes=2, backend="cpu", timeout=60)
+    assert "EOFError" in str(raised.value)
+
+
+def test_a_launch_from_another_thread_passes_breakpoints_and_says_why(user, capfd):
+    player = user("c")
+    results = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
+        )
+    )
+    thread.start()
+    thread.join(60)
+    assert results == [[1.0, 2.0, 20.0, 40.0]]
+    assert player.prompts == []
+    assert "the launch runs on a thread other than the notebook's main one" in (
+        capfd.readouterr().err
+    )
+
+
+def test_pythonbreakpoint_0_turns_breakpoints_off(user, monkeypatch):
+    monkeypatch.setenv("PYTHONBREAKPOINT", "0")
+    player = user("c")
+    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
+    assert result == [1.0, 2.0, 20.0, 40.0]
+    assert player.prompts == []
+
+
+def test_time_at_a_prompt_does_not_count_towards_the_timeout(user):
+    user(lambda: time.sleep(4) or "c")
+    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=3)
+    assert result == [1.0, 2.0, 20.0, 40.0]
+
+
+def test_stop_pressed_at_a_prompt_stops_the_run(user):
+    user(KeyboardInterrupt())
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
+    assert time.monotonic() - started < 20
+
+
+def fails_deep_inside(limit):
+    accelerator = Accelerator()
+    if accelerator.process_index == 1:
+        steps = [0.5, 0.25]
+        return _step(steps, limit)
+    accelerator.wait_for_everyone()  # waits for rank 1, which never comes
+    return "rank 0 never gets here"
+
+
+def _step(steps, limit):
+    window = steps[:limit]
+    return steps[limit] / len(window)
+
+
+def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_stopped(user, capfd):
+    player = user("p window", "up", "p steps", "p limit * 10", "c")
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(
+            fails_deep_inside, args=(2,), num_processes=2, backend="cpu", timeout=60,
+            post_mortem=True,
+        )  # fmt: skip
+    assert player.prompts == ["[rank 1] (Pdb) "] * 5
+    out = capfd.readouterr().out
+    assert "rank 1 raised IndexError: list index out of range: post-mortem debugger" in out
+    assert "_step()\n[rank 1] -> return steps[limit] / len(window)" in out
+    assert "[rank 1] [0.5, 0.25]\n" in out  # window, then steps one frame up
+    assert "[rank 1] 20\n" in out
+    error = raised.value
+    # the failed rank's error comes first; the one stopped meanwhile is a consequence
+    assert error.rank == 1 and "IndexError" in str(error).splitlines()[0]
+    assert "rank 0 was killed by SIGTERM (most likely a consequence)" in str(error)
+
+
+def test_without_post_mortem_a_failure_asks_nothing(user):
+    player = user("c")
+    with pytest.raises(WorkerError):
+        notebook_launcher(fails_deep_inside, args=(2,), num_processes=2, backend="cpu", timeout=60)
+    assert player.prompts == []
