@@ -8,6 +8,7 @@ report instead of keeping copies of their own. Each run has its own report.
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -33,6 +34,10 @@ from notebook_accel.reporting.events import (
 # dropped when it is full); the log view keeps this many of the newest lines.
 MAX_CURVE_POINTS = 2000
 MAX_LOG_LINES = 500
+# The output per rank keeps each rank's newest lines (so a chatty rank cannot push
+# the others' out), and each line's first characters.
+MAX_RANK_LINES = 1000
+MAX_LINE_CHARS = 2000
 
 FINAL_STATUSES = ("finished", "failed", "stopped", "timed out")
 
@@ -40,6 +45,33 @@ FINAL_STATUSES = ("finished", "failed", "stopped", "timed out")
 def rank_prefix(rank: int, main_rank: int) -> str:
     """What goes before a worker's output line: nothing for the main rank."""
     return "" if rank == main_rank else f"[rank {rank}] "
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One line of the run's output, as the output per rank keeps it.
+
+    `index` counts the run's lines in arrival order; `rank` is the worker's global
+    rank, or None for the launcher's own lines (a restart's separator), which every
+    rank's view shows; `text` has no newline (a line a progress bar redrew with
+    carriage returns keeps only what a terminal would show last); `stderr` says
+    whether the worker wrote it to its stderr.
+    """
+
+    index: int
+    rank: int | None
+    text: str
+    stderr: bool = False
+
+
+def _shown_text(line: str) -> str:
+    text = line.rstrip("\n")
+    if "\r" in text:  # what a terminal would show: the last redraw
+        parts = [part for part in text.split("\r") if part]
+        text = parts[-1] if parts else ""
+    if len(text) > MAX_LINE_CHARS:
+        text = text[:MAX_LINE_CHARS] + f" ... [{len(text) - MAX_LINE_CHARS} more characters]"
+    return text
 
 
 @dataclass
@@ -110,8 +142,9 @@ class RunReport:
     (`step`, `total`, `elapsed`); `results` the values workers returned
     (tensors on the CPU). For views it also keeps each rank's status, the
     latest value of every metric, the chart's curves (thinned) and the newest
-    log lines. `imported_by_workers` maps each module a worker had to import
-    itself to its file; `warming` says which of them this process imported
+    output lines (`logs`: every rank's, prefixed; `output()`: each rank's own,
+    with their stream). `imported_by_workers` maps each module a worker had to
+    import itself to its file; `warming` says which of them this process imported
     afterwards for the next launch, what that cost and what was skipped
     (launch/warm.py; filled in by a background thread, see `Warming.wait`).
     """
@@ -139,6 +172,17 @@ class RunReport:
     latest: dict[str, float | str] = field(default_factory=dict)
     curves: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False)
     logs: deque[str] = field(default_factory=lambda: deque(maxlen=MAX_LOG_LINES), repr=False)
+    # Lines of output received so far (kept or not): a view redraws when it grows.
+    lines_received: int = field(default=0, init=False, repr=False)
+    # Each rank's newest lines; the key None holds the launcher's separators.
+    _output: dict[int | None, deque[LogLine]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    # A view may read the output on another thread (the panel's rank filter) than
+    # the one that folds the events in.
+    _output_lock: threading.Lock = field(
+        default_factory=threading.Lock, init=False, repr=False, compare=False
+    )
     imported_by_workers: dict[str, str | None] = field(default_factory=dict, repr=False)
     warming: Warming = field(default_factory=Warming)
 
@@ -162,11 +206,25 @@ class RunReport:
         }
         self.results = {}  # a failed attempt's values are not the run's
         if event.attempt:
-            self.logs.append(f"--- restart {event.attempt} ---\n")
+            self._notice(f"--- restart {event.attempt} ---\n")
         self.status = "running"
 
     def _output_line(self, event: OutputLine) -> None:
         self.logs.append(rank_prefix(event.rank, self.main_rank) + event.line)
+        self._keep_line(event.rank, event.line, stderr=event.stream == "stderr")
+
+    def _notice(self, line: str) -> None:
+        """A line of the launcher's own (a restart): in the logs and in every rank's output."""
+        self.logs.append(line)
+        self._keep_line(None, line, stderr=False)
+
+    def _keep_line(self, rank: int | None, line: str, stderr: bool) -> None:
+        with self._output_lock:
+            kept = self._output.get(rank)
+            if kept is None:
+                kept = self._output[rank] = deque(maxlen=MAX_RANK_LINES)
+            kept.append(LogLine(self.lines_received, rank, _shown_text(line), stderr))
+            self.lines_received += 1
 
     def _metric(self, record: MetricRecord) -> None:
         self.metrics.append(record)
@@ -206,7 +264,7 @@ class RunReport:
 
     def _restarting(self, event: Restarting) -> None:
         self.restarts = max(self.restarts, event.attempt)
-        self.logs.append(f"restarting after: {str(event.error).splitlines()[0]}\n")
+        self._notice(f"restarting after: {str(event.error).splitlines()[0]}\n")
 
     def _run_ended(self, event: RunEnded) -> None:
         error = event.error
@@ -230,6 +288,30 @@ class RunReport:
             if "loss" in name.lower():
                 return name
         return next(iter(self.curves), None)
+
+    def output(self, rank: int | None = None, last: int | None = None) -> list[LogLine]:
+        """The workers' output lines on this machine, in arrival order.
+
+        `rank`: only that rank's lines (the restarts' separators included); None:
+        every rank's, interleaved as they arrived. `last`: only the newest that many.
+        Each rank keeps its newest MAX_RANK_LINES lines.
+        """
+        with self._output_lock:
+            if rank is None:
+                parts = [list(lines) for lines in self._output.values()]
+            else:
+                parts = [list(self._output.get(key, ())) for key in (None, rank)]
+        if last is not None:
+            if last <= 0:
+                return []
+            parts = [part[-last:] for part in parts]  # the newest overall are among these
+        lines = list(heapq.merge(*parts, key=lambda line: line.index))
+        return lines if last is None else lines[-last:]
+
+    def output_ranks(self) -> list[int]:
+        """The ranks that have written output, in order."""
+        with self._output_lock:
+            return sorted(rank for rank in self._output if rank is not None)
 
     def history(self, name: str, rank: int | None = None) -> list[tuple[int | None, Any]]:
         """(step, value) pairs of one metric, in the order they were logged."""

@@ -168,7 +168,7 @@ class _PanelRun(RunView):
         self.panel = panel
 
     def changed(self, final: bool) -> None:
-        self.panel.run_widgets.refresh(self.report)
+        self.panel.run_widgets.refresh(self.report, force=final or not self.periodic)
 
 
 class LaunchPanel:
@@ -289,7 +289,7 @@ class LaunchPanel:
         self.load_button = w.Button(description="Load", icon="folder-open")
         self.message = w.HTML()
         self.message.add_class("notebook-accel-message")
-        self.run_widgets = RunWidgets(show_logs=True)
+        self.run_widgets = RunWidgets(output="open")
         self.outcome = w.HTML()
         self.outcome.add_class("notebook-accel-result")
 
@@ -479,7 +479,7 @@ class LaunchPanel:
         self._attached = workers
         self.report = workers.report
         workers.add_observer(_PanelRun(self))
-        self.run_widgets.refresh(workers.report)
+        self.run_widgets.refresh(workers.report, force=True)
         self._say(f"attached to {workers!r}")
         self._sync_widgets()
 

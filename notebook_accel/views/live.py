@@ -36,7 +36,9 @@ def live_view(plan: Any = None, force: bool = False) -> RunView | None:
 
 
 class WidgetView(RunView):
-    """Shows progress, metrics and the loss curve under the running cell.
+    """Shows progress, metrics and the loss curve under the running cell, and with
+    several ranks their output per rank, in a section that starts closed (the cell
+    prints every line already; the section is there to pick one rank's).
 
     It appears with the first progress update or metric, so a launch that
     reports neither leaves the cell as it was.
@@ -56,9 +58,9 @@ class WidgetView(RunView):
 
             from notebook_accel.views.widgets import RunWidgets
 
-            self.widgets = RunWidgets()
+            self.widgets = RunWidgets(output="collapsed")
             display(self.widgets.box)
-        self.widgets.refresh(report)
+        self.widgets.refresh(report, force=final or not self.periodic)
 
 
 class TextView(RunView):

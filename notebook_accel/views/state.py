@@ -25,12 +25,16 @@ class RunView(RunObserver):
     `changed(final)` is called at most every `interval` seconds while the run
     goes (at once when workers start or exit), and once with `final=True`
     when it ends. `report` is the run's report once the first event came.
+    `periodic` is True while `changed()` runs as one of these redraws during the
+    run: the next one, or the end, draws what a costly part skips now. Other
+    calls (a live group's call ended) should draw everything.
     """
 
     interval = 0.25
 
     def __init__(self) -> None:
         self.report: RunReport | None = None
+        self.periodic = False
         self._last_change = 0.0
 
     def on_event(self, event: RunEvent, report: RunReport) -> None:
@@ -41,7 +45,11 @@ class RunView(RunObserver):
         now = time.monotonic()
         if isinstance(event, _REDRAW_NOW) or now - self._last_change >= self.interval:
             self._last_change = now
-            self.changed(final=False)
+            self.periodic = True
+            try:
+                self.changed(final=False)
+            finally:
+                self.periodic = False
 
     def changed(self, final: bool) -> None:
         """Redraw from `self.report`; called at most every `interval` seconds and at the end."""

@@ -1,4 +1,4 @@
-"""ipywidgets that draw a run's report: progress, metrics, loss curve, ranks, logs."""
+"""ipywidgets that draw a run's report: progress, metrics, loss curve, ranks, output."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import ipywidgets as widgets
 
 from notebook_accel.reporting.report import FINAL_STATUSES, RunReport
 from notebook_accel.views import format as fmt
+from notebook_accel.views.output import RankOutput, shown_ranks
 from notebook_accel.views.plot import line_chart
 
 STATUS_COLOURS = {
@@ -21,9 +22,15 @@ STATUS_COLOURS = {
 
 
 class RunWidgets:
-    """The widgets of one run's display; `refresh(report)` redraws them."""
+    """The widgets of one run's display; `refresh(report)` redraws them.
 
-    def __init__(self, show_logs: bool = False) -> None:
+    `output` places the workers' output per rank (views/output.py): "open" (the
+    panel), "collapsed" (under a launched cell, whose printed text already shows
+    every line: a closed section, added once the run has more than one rank), or
+    "none".
+    """
+
+    def __init__(self, output: str = "none") -> None:
         self.bar = widgets.IntProgress(
             value=0, min=0, max=1, description="", layout=widgets.Layout(width="320px")
         )
@@ -31,19 +38,25 @@ class RunWidgets:
         self.ranks = widgets.HTML()
         self.metrics = widgets.HTML()
         self.chart = widgets.HTML()
-        self.logs = widgets.HTML(layout=widgets.Layout(max_height="220px", overflow="auto"))
+        self.output_mode = output
+        self.output = RankOutput()
+        self.logs = self.output.pane  # the pane of output lines, under its former name
+        self.output_section: widgets.Accordion | None = None
         parts = [
             widgets.HBox([self.bar, self.bar_label]),
             self.ranks,
             widgets.HBox([self.chart, self.metrics]),
         ]
-        if show_logs:
-            parts.append(self.logs)
+        if output == "open":
+            parts.append(self.output.box)
         self.box = widgets.VBox(parts)
         self.box.add_class("notebook-accel-run")
 
-    def refresh(self, report: RunReport) -> None:
-        """Draw `report` as it is now."""
+    def refresh(self, report: RunReport, force: bool = False) -> None:
+        """Draw `report` as it is now; the output pane may skip a redraw that comes
+        soon after the last one, unless `force` (views/output.py)."""
+        # The output first: whoever waits for the outcome then finds every line drawn.
+        self._refresh_output(report, force)
         progress = report.progress
         if progress:
             total = progress.get("total") or max(progress["step"], 1)
@@ -59,11 +72,17 @@ class RunWidgets:
         name = report.curve_name()
         if name is not None:
             self.chart.value = line_chart(report.curves[name], title=name)
-        self.logs.value = (
-            "<pre class='notebook-accel-logs' style='margin:0'>"
-            + escape("".join(report.logs))
-            + "</pre>"
-        )
+
+    def _refresh_output(self, report: RunReport, force: bool) -> None:
+        if self.output_mode == "collapsed" and self.output_section is None:
+            if len(shown_ranks(report)) < 2:
+                return  # one rank: the cell's printed text is all there is
+            self.output_section = widgets.Accordion(children=[self.output.box])
+            self.output_section.set_title(0, "Output per rank")
+            self.output_section.add_class("notebook-accel-output-section")
+            self.box.children = (*self.box.children, self.output_section)
+        if self.output_mode != "none":
+            self.output.refresh(report, force=force)
 
 
 def ranks_html(report: RunReport) -> str:

@@ -17,7 +17,13 @@ from notebook_accel.reporting.events import (
     WorkerExited,
     WorkerRaised,
 )
-from notebook_accel.reporting.report import MAX_CURVE_POINTS, MAX_LOG_LINES, RunReport
+from notebook_accel.reporting.report import (
+    MAX_CURVE_POINTS,
+    MAX_LINE_CHARS,
+    MAX_LOG_LINES,
+    MAX_RANK_LINES,
+    RunReport,
+)
 
 
 def folded(events, **fields) -> RunReport:
@@ -154,3 +160,79 @@ def test_the_view_only_parts_stay_bounded():
 def test_a_metric_without_a_step_is_drawn_at_its_place_in_the_history():
     report = folded([record(None, loss=2.0), record(None, loss=1.0)])
     assert report.curves["loss"] == [(1.0, 2.0), (2.0, 1.0)]
+
+
+# -- the output per rank ---------------------------------------------------------------
+
+
+def line(rank, text, stream="stdout") -> OutputLine:
+    return OutputLine(rank=rank, stream=stream, line=text + "\n")
+
+
+def texts(lines) -> list[tuple[int | None, str]]:
+    return [(kept.rank, kept.text) for kept in lines]
+
+
+def test_each_rank_s_output_is_kept_apart_in_order_and_knows_stderr():
+    report = folded(
+        [
+            AttemptStarted(workers=2, attempt=0),
+            line(0, "a0"),
+            line(1, "b0", "stderr"),
+            line(0, "a1"),
+            line(1, "b1"),
+        ]
+    )
+    assert texts(report.output(0)) == [(0, "a0"), (0, "a1")]
+    assert texts(report.output(1)) == [(1, "b0"), (1, "b1")]
+    assert texts(report.output()) == [(0, "a0"), (1, "b0"), (0, "a1"), (1, "b1")]
+    assert [kept.stderr for kept in report.output()] == [False, True, False, False]
+    assert [kept.index for kept in report.output()] == [0, 1, 2, 3]
+    assert texts(report.output(1, last=1)) == [(1, "b1")]
+    assert texts(report.output(last=3)) == [(1, "b0"), (0, "a1"), (1, "b1")]
+    assert report.output(last=0) == [] and report.output(5) == []
+    assert report.output_ranks() == [0, 1] and report.lines_received == 4
+    # The mixed log is as it was.
+    assert list(report.logs) == ["a0\n", "[rank 1] b0\n", "a1\n", "[rank 1] b1\n"]
+
+
+def test_restart_separators_show_in_every_rank_s_output():
+    report = folded(
+        [
+            AttemptStarted(workers=2, attempt=0),
+            line(0, "first try"),
+            line(1, "boom", "stderr"),
+            Restarting(attempt=1, error=RuntimeError("worker rank 1 exited")),
+            AttemptStarted(workers=2, attempt=1),
+            line(1, "second try"),
+        ]
+    )
+    separators = [(None, "restarting after: worker rank 1 exited"), (None, "--- restart 1 ---")]
+    assert texts(report.output(0)) == [(0, "first try"), *separators]
+    assert texts(report.output(1)) == [(1, "boom"), *separators, (1, "second try")]
+    assert texts(report.output())[1:4] == [(1, "boom"), *separators]
+
+
+def test_each_rank_keeps_its_own_newest_lines():
+    report = folded([AttemptStarted(workers=2, attempt=0), line(1, "quiet rank")])
+    for index in range(MAX_RANK_LINES + 50):
+        report.apply(line(0, f"chatty {index}"))
+    chatty = report.output(0)
+    assert len(chatty) == MAX_RANK_LINES
+    assert chatty[0].text == "chatty 50" and chatty[-1].text == f"chatty {MAX_RANK_LINES + 49}"
+    assert texts(report.output(1)) == [(1, "quiet rank")]  # not pushed out by rank 0
+    everything = report.output()
+    assert len(everything) == MAX_RANK_LINES + 1 and everything[0].text == "quiet rank"
+    assert report.lines_received == MAX_RANK_LINES + 51
+
+
+def test_a_line_keeps_what_a_terminal_shows_and_its_first_characters():
+    report = folded(
+        [
+            line(0, " 10%|#   |\r 50%|#####   |\r100%|########|\r"),
+            line(0, "x" * (MAX_LINE_CHARS + 7)),
+        ]
+    )
+    redrawn, long = report.output(0)
+    assert redrawn.text == "100%|########|"
+    assert long.text == "x" * MAX_LINE_CHARS + " ... [7 more characters]"
