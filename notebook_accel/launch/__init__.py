@@ -7,7 +7,9 @@
     template.py    workers forked from a clean process started once (after CUDA init);
                    template_server.py: that process; template_messages.py: their socket
     forking.py     the fork lock, descriptors children close, the janitor
-    channel.py     worker -> kernel framing of events; warm.py: warm launches
+    channel.py     worker <-> kernel framing of events; warm.py: warm launches
+    debugging.py   a worker's input(), breakpoint() and post-mortem pdb, asked in the cell
+    stacks.py      where each rank is when a run makes no progress
     errors.py      WorkerError
 
 May import: config, platforms, reporting, training, views.

@@ -54,7 +54,7 @@ def blocked_on_a_lock():
 def _stuck_run(function, capfd, **options) -> tuple[type, str]:
     options = {"explain_hang_after": 1.5, "timeout": 8, **options}
     with pytest.raises((TimeoutError, KeyboardInterrupt)) as raised:
-        notebook_launcher(function, num_processes=2, backend="cpu", **options)
+        notebook_launcher(function, backend="cpu", **{"num_processes": 2, **options})
     return raised.type, capfd.readouterr().err
 
 
@@ -101,6 +101,26 @@ def test_a_stalled_run_shows_where_each_rank_is_and_goes_on(function, expected, 
     assert f"-> {__file__}" in err
     assert "worker_main" not in err and "(most recent call first)" not in err
     assert "TORCH_DISTRIBUTED_DEBUG=DETAIL" in err
+
+
+def one_rank_skips_an_all_reduce():
+    accelerator = Accelerator()
+    if accelerator.process_index != 2:  # rank 2 skips it and goes on to the next one
+        dist.all_reduce(torch.ones(2))
+    accelerator.wait_for_everyone()
+
+
+@pytest.mark.timeout(60)
+def test_on_three_workers_the_rank_that_skipped_a_collective_is_named(capfd):
+    kind, err = _stuck_run(one_rank_skips_an_all_reduce, capfd, num_processes=3)
+    assert kind is TimeoutError
+    for line in [
+        "rank 0: waits in torch.distributed.all_reduce, called from one_rank_skips_an_all_reduce",
+        "rank 1: waits in torch.distributed.all_reduce, called from one_rank_skips_an_all_reduce",
+        "rank 2: waits in torch.distributed.barrier, called from one_rank_skips_an_all_reduce",
+        "they call collectives in a different order, or one calls one more",
+    ]:
+        assert line in err, err
 
 
 @pytest.mark.timeout(60)
