@@ -25,7 +25,7 @@ from notebook_accel.launch.options import docstring as options_docstring
 from notebook_accel.launch.preflight import LaunchPlan, choose_start_method, plan_launch
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, interrupts_stop
-from notebook_accel.launch.warm import RunWarmer
+from notebook_accel.launch.warm import RunWarmer, import_worker_code
 from notebook_accel.reporting.destination import Destination, sending_to
 from notebook_accel.reporting.events import (
     AttemptStarted,
@@ -244,7 +244,10 @@ def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
     If that started a device runtime after all (a module past warming's guard),
     this process can no longer fork device workers: they start fresh instead.
     """
-    if plan.start_method != "fork" or not warmer.start():
+    if plan.start_method != "fork":
+        return plan
+    import_worker_code()
+    if not warmer.start():
         return plan
     method, reason = choose_start_method("auto", plan.platform, plan.args, plan.kwargs)
     plan = dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)

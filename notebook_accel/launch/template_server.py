@@ -1,7 +1,7 @@
 """The template process of start method "forkserver": the side that runs inside it.
 
 launch/template.py, the kernel's side, explains the design. This process imports
-torch, the workers' code and WARM_AT_START, without ever starting a device
+torch, the workers' code and warm.WORKER_CODE, without ever starting a device
 runtime, says it is ready, then serves the kernel's requests: it forks a worker
 for each "fork" (the child takes the kernel's context and runs
 `fresh.run_shipped`), reaps its workers and sends their exit statuses, answers
@@ -45,13 +45,13 @@ from notebook_accel.launch.template_messages import (
     receive_message,
     send_message,
 )
+from notebook_accel.launch.warm import WORKER_CODE
 
 # How long a launch's first worker may wait for queued modules to be imported
 # (the rest follow between launches).
 PRELOAD_BEFORE_FORK_SECONDS = 20.0
 # Imported before the template says it is ready, so that every worker starts with
 # them; a failure only means workers import them themselves.
-WARM_AT_START = ("torch.distributed", "notebook_accel.accelerator.accelerator")
 
 _MAX_REASON = 200
 _PR_SET_PDEATHSIG = 1
@@ -127,7 +127,7 @@ class _Server:
         if problem is not None:
             return f"importing torch started a device runtime: {problem}"
         self.threads = _thread_count()
-        for name in WARM_AT_START:
+        for name in WORKER_CODE:
             self._import(name)
         return self.stopped
 

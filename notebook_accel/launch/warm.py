@@ -272,6 +272,23 @@ def _forget(warming: Warming) -> None:
         _PROCESS.queued.remove(warming)
 
 
+# What every launch's workers run: the process that forks them imports it first (the
+# kernel before its first fork launch, the template process at its start), so that no
+# worker imports it again (tens of milliseconds each), whether or not warming is on.
+WORKER_CODE = ("torch.distributed", "notebook_accel.accelerator.accelerator")
+
+
+def import_worker_code() -> None:
+    """Import WORKER_CODE here, on the main thread only (the rule every import for the
+    workers keeps), under the fork lock; at once when it is already imported."""
+    missing = [name for name in WORKER_CODE if name not in sys.modules]
+    if not missing or threading.current_thread() is not threading.main_thread():
+        return
+    with guarded():
+        for name in missing:
+            importlib.import_module(name)
+
+
 def warm_known(enabled: bool = True) -> Warming:
     """Import KNOWN_HEAVY on the kernel's main thread between cells (the panel does
     when it is shown, from a cell: the imports run once that cell has ended)."""
