@@ -257,3 +257,34 @@ def test_a_panel_shown_outside_a_kernel_warms_nothing(warmer, stand_ins, monkeyp
     assert panel.warming is not None and panel.warming.wait(1)
     assert panel.warming.status == "off" and "main one" in panel.warming.problem
     assert "heavy_stand_in" not in sys.modules
+
+
+WORKER_CODE_PROBE = """
+import json, sys
+from notebook_accel import notebook_launcher  # what a kernel has before its first launch
+
+def barrier():
+    import sys
+    before = set(sys.modules)
+    from notebook_accel import Accelerator
+
+    Accelerator().wait_for_everyone()
+    return sorted(name for name in set(sys.modules) - before if "notebook_accel" in name)
+
+print(json.dumps([
+    notebook_launcher(barrier, num_processes=2, backend="cpu", warm=False) for _ in range(2)
+]))
+"""
+
+
+def test_even_with_warming_off_no_forked_worker_imports_the_accelerator_again():
+    # A fresh interpreter, which has imported the launcher and not the Accelerator.
+    done = subprocess.run(
+        [sys.executable, "-c", WORKER_CODE_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=100,
+        env={**os.environ, ENV_START_METHOD: "fork"},
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [[], []]
