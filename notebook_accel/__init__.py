@@ -42,6 +42,7 @@ _EXPORTS = {
     "AcceleratorState": "notebook_accel.training.state",
     "GradientState": "notebook_accel.training.optimizers",
     "GradientAccumulationPlugin": "notebook_accel.config.kwargs",
+    "ParallelismConfig": "notebook_accel.training.parallelism",
     "prepare_data_loader": "notebook_accel.training.data",
     "skip_first_batches": "notebook_accel.training.data",
     "AORecipeKwargs": "notebook_accel.config.kwargs",
@@ -136,6 +137,7 @@ if TYPE_CHECKING:
     from notebook_accel.training.data import prepare_data_loader, skip_first_batches
     from notebook_accel.training.helpers import synchronize_rng_states
     from notebook_accel.training.optimizers import GradientState
+    from notebook_accel.training.parallelism import ParallelismConfig
     from notebook_accel.training.seeding import set_seed
     from notebook_accel.training.state import AcceleratorState, PartialState
     from notebook_accel.ui.panel import LaunchPanel, panel

@@ -45,7 +45,7 @@ from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
-from notebook_accel.training import device_maps, fp8, fsdp, interrupts, ops
+from notebook_accel.training import device_maps, fp8, fsdp, interrupts, ops, parallelism
 from notebook_accel.training.data import prepare_data_loader, skip_first_batches
 from notebook_accel.training.loader import DataLoaderShard
 from notebook_accel.training.nested import apply_to_tensors
@@ -54,6 +54,7 @@ from notebook_accel.training.optimizers import (
     AcceleratedScheduler,
     GradientState,
 )
+from notebook_accel.training.parallelism import ParallelismConfig
 from notebook_accel.training.precision import Precision, restore_forward
 from notebook_accel.training.registry import TrainingObjects
 from notebook_accel.training.state import AcceleratorState, DistributedType
@@ -118,12 +119,17 @@ class Accelerator:
         compile: bool = False,
         gradient_accumulation_plugin: GradientAccumulationPlugin | None = None,
         log_with: Any = None,
+        parallelism_config: ParallelismConfig | None = None,
     ) -> None:
         launch = LaunchSettings.from_env()
         handlers = _sort_handlers(kwargs_handlers or [])
         self.state = AcceleratorState(
             cpu, init_process_group_kwargs=handlers.get(InitProcessGroupKwargs)
         )
+        self.parallelism_config = parallelism_config
+        if parallelism_config is not None:
+            parallelism_config.check_world(self.state.num_processes)
+            fsdp_plugin = _plugin_for_parallelism(parallelism_config, fsdp_plugin)
         # Precedence: the argument, the launch's settings, Accelerate's variables, the default.
         if mixed_precision is None:
             mixed_precision = (
@@ -212,6 +218,12 @@ class Accelerator:
     def device(self) -> torch.device:
         """The torch device this process trains on."""
         return self.state.device
+
+    @property
+    def torch_device_mesh(self) -> Any:
+        """The `DeviceMesh` of the `parallelism_config` (None without one)."""
+        config = self.parallelism_config
+        return config.get_device_mesh(self.device.type) if config is not None else None
 
     @property
     def num_processes(self) -> int:
@@ -399,25 +411,37 @@ class Accelerator:
             sharded=shards and self.fsdp_plugin is not None,
             compiled=self.dynamo_plugin is not None,
         )
+        if self.parallelism_config is not None:
+            parallelism.check_tensor_parallel(model, self.parallelism_config)
         if shards:
-            if self.fsdp_plugin is not None:
-                shards = fsdp.shard_model(
-                    model,
-                    self.fsdp_plugin,
-                    self.precision.name,
-                    self.device,
-                    pin_memory=self.state.platform.pins_host_memory,
-                )
-                self._shards.update(shards)
-            elif self.state.platform.wraps_model_in_ddp:  # XLA averages at the step
-                kwargs = self.state.platform.ddp_kwargs(self.device)
-                kwargs.update(self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {})
-                model = DistributedDataParallel(model, **kwargs)
-                if self.ddp_kwargs is not None:
-                    comm_hooks.register(model, self.ddp_kwargs)
+            model = self._distribute(model)
         if self.dynamo_plugin is not None:
             model = compiling.compile_model(model, self.dynamo_plugin)
         self._objects.models[-1] = model
+        return model
+
+    def _distribute(self, model: torch.nn.Module) -> torch.nn.Module:
+        """Shard `model` in place (FSDP2, over the parallelism config's mesh if any), or
+        wrap it in DDP; tensor parallel alone leaves it as it is."""
+        config = self.parallelism_config
+        if self.fsdp_plugin is not None:
+            shards = fsdp.shard_model(
+                model,
+                self.fsdp_plugin,
+                self.precision.name,
+                self.device,
+                pin_memory=self.state.platform.pins_host_memory,
+                mesh=config.fsdp_mesh(self.device.type) if config is not None else None,
+            )
+            self._shards.update(shards)
+        elif config is not None and config.tp_enabled:
+            pass  # its DTensors already make every rank's gradients whole
+        elif self.state.platform.wraps_model_in_ddp:  # XLA averages at the step
+            kwargs = self.state.platform.ddp_kwargs(self.device)
+            kwargs.update(self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {})
+            model = DistributedDataParallel(model, **kwargs)
+            if self.ddp_kwargs is not None:
+                comm_hooks.register(model, self.ddp_kwargs)
         return model
 
     def prepare_optimizer(self, optimizer: torch.optim.Optimizer) -> AcceleratedOptimizer:
@@ -450,11 +474,15 @@ class Accelerator:
         """Shard `data_loader` for this process (see `DataLoaderConfiguration`)."""
         place = self.device_placement if device_placement is None else device_placement
         config = self.dataloader_config
+        # Ranks that share a batch (tensor or context parallel) read the same part.
+        parallel = self.parallelism_config
         prepared = prepare_data_loader(
             data_loader,
             dispatch_batches=config.dispatch_batches,
-            num_processes=self.num_processes,
-            process_index=self.process_index,
+            num_processes=parallel.data_parallel_size if parallel else self.num_processes,
+            process_index=(
+                parallel.data_parallel_rank(self.process_index) if parallel else self.process_index
+            ),
             device=self.device,
             put_on_device=bool(place),
             gradient_state=self.gradient_state,
@@ -501,8 +529,9 @@ class Accelerator:
         (other processes get {}); every process must call this then.
         """
         model = self.unwrap_model(model) if unwrap else model
-        if fsdp.is_sharded(compiling.unwrap_compiled(model)):
-            return fsdp.full_state_dict(compiling.unwrap_compiled(model))
+        inner = compiling.unwrap_compiled(model)
+        if fsdp.is_sharded(inner) or fsdp.has_distributed_tensors(inner):  # or split (TP)
+            return fsdp.full_state_dict(inner)
         return _offloaded_weights_read_back(model) or model.state_dict()
 
     # -- the training step -----------------------------------------------------------
@@ -698,13 +727,40 @@ class Accelerator:
                 apply_to_tensors(lambda t: t, input_data, strict="gather")
             except TypeError:
                 use_gather_object = True
-        data = ops.gather_object(input_data) if use_gather_object else ops.gather(input_data)
+        config = self.parallelism_config
+        if config is not None and config.non_data_parallel_size > 1:
+            data = self._gather_data_parallel(input_data, use_gather_object, config)
+        elif use_gather_object:
+            data = ops.gather_object(input_data)
+        else:
+            data = ops.gather(input_data)
         remainder = self.gradient_state.remainder
         if not self.gradient_state.end_of_dataloader or remainder <= 0:
             return data
         if use_gather_object:
             return data[:remainder]
         return apply_to_tensors(lambda t: t[:remainder], data)
+
+    @staticmethod
+    def _gather_data_parallel(data: Any, as_objects: bool, config: ParallelismConfig) -> Any:
+        """`gather_for_metrics`' gather where ranks share batches (tensor parallel): each
+        batch's results once, from the first rank of its group."""
+        world = ops.world_size()
+        if as_objects:
+            per_rank: list[Any] = [None] * world
+            torch.distributed.all_gather_object(per_rank, data)
+            kept = parallelism.first_of_each_data_parallel_rank(per_rank, config)
+            if all(isinstance(item, (list, tuple)) for item in kept):
+                return [x for item in kept for x in item]
+            return kept
+
+        def first_of_each_group(tensor: torch.Tensor) -> torch.Tensor:
+            # rank order along dim 0, each rank's part the same size
+            per_rank = tensor.reshape(world, -1, *tensor.shape[1:])
+            kept = per_rank[:: config.non_data_parallel_size]
+            return kept.reshape(-1, *tensor.shape[1:])
+
+        return apply_to_tensors(first_of_each_group, ops.gather(data))
 
     def gather_object(self, obj: Any) -> list:
         """Gather picklable objects from all processes into one list (lists are concatenated)."""
@@ -1109,6 +1165,22 @@ def _offloaded_weights_read_back(model: torch.nn.Module) -> dict[str, torch.Tens
     if not hooks.has_offloaded_weights(model):
         return None
     return hooks.get_state_dict_offloaded_model(model)
+
+
+def _plugin_for_parallelism(
+    config: ParallelismConfig, plugin: FullyShardedDataParallelPlugin | None
+) -> FullyShardedDataParallelPlugin | None:
+    """The FSDP plugin a parallelism config shards with: the one given, or FSDP2's defaults
+    when `dp_shard_size` > 1."""
+    if not config.dp_shard_enabled:
+        if plugin is not None:
+            raise ValueError(
+                "an FSDP plugin with a ParallelismConfig shards over its dp_shard_size, which "
+                "is 1: set dp_shard_size (and dp_replicate_size for HSDP), or leave the plugin "
+                "out for DDP."
+            )
+        return None
+    return plugin if plugin is not None else FullyShardedDataParallelPlugin()
 
 
 class _MicroStep:

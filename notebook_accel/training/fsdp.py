@@ -70,8 +70,10 @@ def shard_model(
     precision: str,
     device: torch.device,
     pin_memory: bool = False,
+    mesh: Any = None,
 ) -> ShardMap:
-    """Shard `model` in place over all processes; return which shard replaced which parameter."""
+    """Shard `model` in place over all processes (or over `mesh`: 2-D replicate x shard
+    for HSDP); return which shard replaced which parameter."""
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
@@ -79,9 +81,11 @@ def shard_model(
     if is_sharded(model):  # prepared before: fully_shard twice would fail
         return ShardMap()
     before = dict(model.named_parameters())
-    options: dict[str, Any] = {
+    if mesh is None:
         # An explicit mesh: torch's default follows the machine's accelerator, not `cpu=True`.
-        "mesh": init_device_mesh(device.type, (dist.get_world_size(),)),
+        mesh = init_device_mesh(device.type, (dist.get_world_size(),))
+    options: dict[str, Any] = {
+        "mesh": mesh,
         "mp_policy": mixed_precision_policy(plugin, precision),
         # Pinned memory needs a GPU (the platform says); on CPU-only torch it fails
         # with "Cannot access accelerator device when none is available".
@@ -432,6 +436,15 @@ def _without_single_process_warning() -> Iterator[None]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         yield
+
+
+def has_distributed_tensors(model: torch.nn.Module) -> bool:
+    """Whether some parameter of `model` is a DTensor (sharded or split over processes)."""
+    if not _distributed():
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return any(isinstance(p, DTensor) for p in model.parameters())
 
 
 def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:

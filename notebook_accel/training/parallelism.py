@@ -1,0 +1,260 @@
+"""Accelerate's `ParallelismConfig`: the sizes of each kind of parallelism, and the device
+mesh they make.
+
+The processes are laid out on one `torch.distributed.device_mesh.DeviceMesh` whose
+dimensions are named, outermost first, "dp_replicate", "dp_shard", "cp", "tp"
+(torchtitan's `ParallelDims` order, as Accelerate's): ranks that differ only in
+their "tp" (and "cp") coordinate hold the same batch, so the data loader shards
+over the data-parallel ranks alone (`data_parallel_rank`). `prepare()` shards a
+model with FSDP2 over "dp_shard", replicated over "dp_replicate" when both are
+larger than 1 (HSDP: shard inside a group, e.g. a node, and replicate across
+groups); with "dp_replicate" alone the model is wrapped in DDP, as without a
+config.
+
+With `tp_size` > 1 the model's tensors are split over "tp" before `prepare()`:
+by transformers when it loads the model (`from_pretrained(..., tp_plan="auto",
+device_mesh=accelerator.torch_device_mesh["tp"])`), or by torch's
+`parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)` with a plan
+of its styles (`ColwiseParallel`, `RowwiseParallel`, ...); `prepare()` then shards
+the split model over the data-parallel dimensions (FSDP2 x TP). Context
+parallelism (`cp_size`) and DeepSpeed's sequence parallelism (`sp_size`) are
+refused with what to do instead: they are not built yet here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+# Outermost first: neighbouring ranks differ in the innermost dimension.
+MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
+_ENV = "PARALLELISM_CONFIG_{}"  # Accelerate's variables, e.g. PARALLELISM_CONFIG_TP_SIZE
+
+
+@dataclass
+class ParallelismConfig:
+    """How the processes split the work (Accelerate's class and argument names).
+
+    Args:
+        dp_replicate_size: data-parallel replicas (with `dp_shard_size` > 1: HSDP,
+            each replica one sharded group). Default 1, or
+            `$PARALLELISM_CONFIG_DP_REPLICATE_SIZE`.
+        dp_shard_size: processes each model is sharded over with FSDP2.
+        tp_size: processes each tensor is split over (tensor parallel); the model
+            is split before `prepare()`.
+        cp_size: context parallel size; only 1 for now.
+        cp_backend: "torch", as in Accelerate.
+        sp_size: DeepSpeed's sequence parallel size; only 1.
+        sp_backend: "deepspeed", as in Accelerate.
+        tp_handler: accepted as in Accelerate.
+        cp_handler: accepted as in Accelerate.
+        sp_handler: accepted as in Accelerate.
+        device_mesh: the mesh, once built (`get_device_mesh`).
+
+    The sizes must multiply to the number of processes; a config whose sizes are
+    all 1 means plain data parallelism over every process (DDP).
+    """
+
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    tp_size: int | None = None
+    cp_size: int | None = None
+    cp_backend: str | None = None
+    sp_size: int | None = None
+    sp_backend: str | None = None
+    tp_handler: Any = None
+    cp_handler: Any = None
+    sp_handler: Any = None
+    device_mesh: Any = field(default=None, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
+            value = getattr(self, f"{name}_size")
+            if value is None:
+                value = os.environ.get(_ENV.format(f"{name}_size".upper()), "1")
+            setattr(self, f"{name}_size", _size(f"{name}_size", value))
+        self.cp_backend = self.cp_backend or os.environ.get(_ENV.format("CP_BACKEND"), "torch")
+        self.sp_backend = self.sp_backend or os.environ.get(_ENV.format("SP_BACKEND"), "deepspeed")
+        if self.cp_backend != "torch":
+            raise ValueError(f"cp_backend={self.cp_backend!r}: the one backend is 'torch'.")
+        if self.sp_backend != "deepspeed":
+            raise ValueError(f"sp_backend={self.sp_backend!r}: the one backend is 'deepspeed'.")
+        if self.cp_size > 1 and self.sp_size > 1:
+            raise ValueError(
+                f"cp_size={self.cp_size} and sp_size={self.sp_size}: context and sequence "
+                "parallelism exclude each other; set one of them to 1."
+            )
+        if (self.tp_size > 1 or self.cp_size > 1) and self.dp_replicate_size > 1:
+            if self.dp_shard_size == 1:
+                raise ValueError(
+                    f"dp_replicate_size={self.dp_replicate_size} with tp_size={self.tp_size} "
+                    f"and cp_size={self.cp_size}: tensor or context parallelism cannot be "
+                    "composed with plain data parallelism (DDP). Shard instead: set "
+                    "dp_shard_size to the data-parallel size (FSDP2 + TP), or both "
+                    "dp_replicate_size and dp_shard_size above 1 (HSDP + TP)."
+                )
+        not_built = [
+            f"{name}_size={getattr(self, f'{name}_size')}"
+            for name in ("cp", "sp")
+            if getattr(self, f"{name}_size") > 1
+        ]
+        if not_built:
+            raise NotImplementedError(
+                f"{', '.join(not_built)}: context and sequence parallelism are not supported "
+                "by notebook_accel yet; this config shards, replicates and splits tensors "
+                "(dp_replicate_size, dp_shard_size, tp_size). For long sequences, shard the "
+                "model over more processes (dp_shard_size) and use a smaller batch."
+            )
+
+    # -- sizes and names (Accelerate's properties) -----------------------------------
+
+    @property
+    def _sizes(self) -> dict[str, int]:
+        return {name: getattr(self, f"{name}_size") for name in MESH_ORDER}
+
+    @property
+    def total_size(self) -> int:
+        """The product of every size: the number of processes it needs."""
+        total = 1
+        for size in self._sizes.values():
+            total *= size
+        return total
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many different batches a step trains on: dp_replicate x dp_shard."""
+        return self.dp_replicate_size * self.dp_shard_size
+
+    @property
+    def non_data_parallel_size(self) -> int:
+        """Processes that share one batch: tp x cp x sp."""
+        return self.tp_size * self.cp_size * self.sp_size
+
+    @property
+    def dp_replicate_enabled(self) -> bool:
+        """Whether data-parallel replicas is used (dp_replicate_size > 1)."""
+        return self.dp_replicate_size > 1
+
+    @property
+    def dp_shard_enabled(self) -> bool:
+        """Whether FSDP2 sharding is used (dp_shard_size > 1)."""
+        return self.dp_shard_size > 1
+
+    @property
+    def tp_enabled(self) -> bool:
+        """Whether tensor parallelism is used (tp_size > 1)."""
+        return self.tp_size > 1
+
+    @property
+    def cp_enabled(self) -> bool:
+        """Whether context parallelism is used (cp_size > 1)."""
+        return self.cp_size > 1
+
+    @property
+    def sp_enabled(self) -> bool:
+        """Whether sequence parallelism is used (sp_size > 1)."""
+        return self.sp_size > 1
+
+    @property
+    def dp_dim_names(self) -> list[str]:
+        """The enabled dimensions data parallelism runs over."""
+        return [name for name in ("dp_replicate", "dp_shard") if self._sizes[name] > 1]
+
+    @property
+    def non_dp_dim_names(self) -> list[str]:
+        """The enabled dimensions whose ranks get the same batch."""
+        return [name for name in ("tp", "cp", "sp") if self._sizes[name] > 1]
+
+    @property
+    def fsdp_dim_names(self) -> list[str]:
+        """The dimensions FSDP2 runs over: replicated (HSDP) and sharded."""
+        return [name for name in ("dp_replicate", "dp_shard") if self._sizes[name] > 1]
+
+    @property
+    def active_mesh_dims(self) -> list[str]:
+        """Every enabled dimension, outermost first."""
+        return [name for name in MESH_ORDER if self._sizes[name] > 1]
+
+    # -- for a group of processes -------------------------------------------------------
+
+    def check_world(self, world_size: int) -> None:
+        """Raise, saying what to change, unless the sizes fit `world_size` processes. A
+        config whose sizes are all 1 becomes data parallelism over all of them."""
+        if self.total_size == 1 and world_size > 1:
+            self.dp_replicate_size = world_size
+        if self.total_size != world_size:
+            sizes = " x ".join(f"{name}_size={size}" for name, size in self._sizes.items())
+            raise ValueError(
+                f"ParallelismConfig needs {self.total_size} processes ({sizes}), but "
+                f"{world_size} train: make the sizes multiply to {world_size}, or launch "
+                f"num_processes={self.total_size}."
+            )
+
+    def data_parallel_rank(self, rank: int) -> int:
+        """Which data-parallel rank global `rank` is (which part of the data it reads)."""
+        return rank // self.non_data_parallel_size
+
+    def build_device_mesh(self, device_type: str) -> Any:
+        """The mesh of the enabled dimensions (None with none enabled)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        names = self.active_mesh_dims
+        if not names:
+            return None
+        shape = tuple(self._sizes[name] for name in names)
+        return init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
+
+    def get_device_mesh(self, device_type: str | None = None) -> Any:
+        """The mesh, built on first use for `device_type` ("cpu", "cuda")."""
+        if self.device_mesh is None:
+            if device_type is None:
+                raise ValueError("get_device_mesh() builds the mesh first: pass device_type.")
+            self.device_mesh = self.build_device_mesh(device_type)
+        elif device_type is not None and self.device_mesh.device_type != device_type:
+            raise ValueError(
+                f"the mesh was built for {self.device_mesh.device_type!r}, not {device_type!r}."
+            )
+        return self.device_mesh
+
+    def fsdp_mesh(self, device_type: str) -> Any:
+        """The mesh FSDP2 shards over: 1-D (FSDP) or 2-D replicate x shard (HSDP)."""
+        mesh = self.get_device_mesh(device_type)
+        names = self.fsdp_dim_names
+        return mesh[tuple(names)] if len(names) > 1 else mesh[names[0]]
+
+
+def check_tensor_parallel(model: Any, config: ParallelismConfig) -> None:
+    """With tp_size > 1, `model` must already be split over the "tp" dimension."""
+    if not config.tp_enabled:
+        return
+    from torch.distributed.tensor import DTensor
+
+    split = any(
+        isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
+        for p in model.parameters()
+    )
+    if not split:
+        raise ValueError(
+            f"tp_size={config.tp_size}, but no parameter of {type(model).__name__} is split "
+            "over the tp dimension. Split it before prepare(): "
+            "torch.distributed.tensor.parallel.parallelize_module(model, "
+            'accelerator.torch_device_mesh["tp"], plan), or load a transformers model with '
+            'from_pretrained(..., tp_plan="auto", device_mesh=accelerator.torch_device_mesh["tp"]).'
+        )
+
+
+def first_of_each_data_parallel_rank(per_rank: list, config: ParallelismConfig) -> list:
+    """From one value per rank, those of the ranks that lead their tensor-parallel group
+    (the others hold the same batch's results)."""
+    return per_rank[:: config.non_data_parallel_size]
+
+
+def _size(name: str, value: Any) -> int:
+    try:
+        size = int(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}={value!r} must be a whole number of processes.") from None
+    if isinstance(value, bool) or size != value and not isinstance(value, str) or size < 1:
+        raise ValueError(f"{name}={value!r} must be a whole number, at least 1.")
+    return size

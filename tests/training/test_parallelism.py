@@ -1,0 +1,224 @@
+"""Accelerate's ParallelismConfig: its checks, and HSDP and FSDP on a device mesh of four
+real gloo workers, trained against DDP on the same four."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from notebook_accel import Accelerator, ParallelismConfig, WorkerError, notebook_launcher
+
+FOUR = {"num_processes": 4, "backend": "cpu", "timeout": 120}
+
+
+# -- the config alone ------------------------------------------------------------------
+
+
+def test_sizes_default_to_one_or_accelerate_s_variables(monkeypatch):
+    config = ParallelismConfig(dp_shard_size=2)
+    assert (config.dp_replicate_size, config.dp_shard_size, config.tp_size) == (1, 2, 1)
+    monkeypatch.setenv("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "3")
+    assert ParallelismConfig().dp_replicate_size == 3
+
+
+def test_names_and_sizes_follow_accelerate():
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    assert config.total_size == 4 and config.data_parallel_size == 4
+    assert config.non_data_parallel_size == 1
+    assert config.dp_dim_names == ["dp_replicate", "dp_shard"] == config.fsdp_dim_names
+    assert config.active_mesh_dims == ["dp_replicate", "dp_shard"]
+    assert config.dp_replicate_enabled and config.dp_shard_enabled and not config.tp_enabled
+    assert [config.data_parallel_rank(rank) for rank in range(4)] == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"dp_shard_size": 0}, "dp_shard_size=0 must be a whole number, at least 1"),
+        ({"tp_size": 1.5}, "tp_size=1.5 must be a whole number"),
+        ({"cp_size": 2, "sp_size": 2}, "context and sequence parallelism exclude each other"),
+        ({"dp_replicate_size": 2, "tp_size": 2}, "cannot be composed with plain data parallel"),
+        ({"cp_backend": "ring"}, "the one backend is 'torch'"),
+    ],
+)
+def test_bad_sizes_are_refused_with_what_to_do(options, message):
+    with pytest.raises(ValueError, match=message):
+        ParallelismConfig(**options)
+
+
+def test_context_and_sequence_parallelism_say_they_are_not_built_yet():
+    with pytest.raises(NotImplementedError, match="cp_size=2: context and sequence"):
+        ParallelismConfig(dp_shard_size=2, cp_size=2)
+
+
+def test_sizes_must_multiply_to_the_processes():
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=3)
+    with pytest.raises(ValueError, match="needs 6 processes .* but 4 train: make the sizes"):
+        config.check_world(4)
+    everything_one = ParallelismConfig()
+    everything_one.check_world(4)  # plain data parallelism over all of them
+    assert everything_one.dp_replicate_size == 4
+
+
+# -- four workers ------------------------------------------------------------------------
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 32), torch.nn.Linear(32, 1)
+    )
+
+
+def _loader() -> DataLoader:
+    g = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(96, 8, generator=g), torch.randn(96, 1, generator=g))
+    return DataLoader(data, batch_size=4)
+
+
+def _split_over_tp(model: torch.nn.Module, accelerator: Accelerator) -> None:
+    """A tensor-parallel plan in torch's styles: the first layer's outputs split, the
+    second layer's inputs (Megatron's MLP)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
+    parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)
+
+
+def train(sizes: dict | None) -> dict:
+    config = ParallelismConfig(**sizes) if sizes is not None else None
+    accelerator = Accelerator(parallelism_config=config)
+    model = _model()
+    if config is not None and config.tp_enabled:
+        _split_over_tp(model, accelerator)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
+    seen, losses = [], []
+    for x, y in loader:
+        seen.append(x[0, 0].item())
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.gather_for_metrics(loss.detach()[None]).mean().item())
+    mesh = accelerator.torch_device_mesh
+    first = next(accelerator.unwrap_model(model).parameters())
+    return {
+        "weights": accelerator.get_state_dict(model),
+        "losses": losses,
+        "batches": accelerator.gather_for_metrics(torch.tensor(seen)).tolist(),
+        "mesh": None if mesh is None else (mesh.mesh_dim_names, tuple(mesh.shape)),
+        "placements": [type(p).__name__ for p in getattr(first, "placements", ())],
+        "type": str(accelerator.distributed_type),
+    }
+
+
+@pytest.fixture(scope="module")
+def ddp_on_four() -> dict:
+    return notebook_launcher(train, args=(None,), **FOUR)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(
+    ("sizes", "mesh", "placements"),
+    [
+        (
+            {"dp_replicate_size": 2, "dp_shard_size": 2},
+            (("dp_replicate", "dp_shard"), (2, 2)),
+            ["Replicate", "Shard"],
+        ),
+        ({"dp_shard_size": 4}, (("dp_shard",), (4,)), ["Shard"]),
+    ],
+    ids=["hsdp-2x2", "fsdp-4"],
+)
+def test_hsdp_and_fsdp_on_a_mesh_train_as_ddp_on_four(ddp_on_four, sizes, mesh, placements):
+    run = notebook_launcher(train, args=(sizes,), **FOUR)
+    assert run["mesh"] == mesh and run["placements"] == placements
+    assert run["type"] == "FSDP"
+    # every rank read its own part of the data, the same parts as under DDP
+    assert run["batches"] == ddp_on_four["batches"]
+    assert len(set(run["batches"])) == len(run["batches"])
+    # the same training, up to the order in which the ranks' gradients are summed
+    assert run["losses"] == pytest.approx(ddp_on_four["losses"], abs=1e-6)
+    for name, reference in ddp_on_four["weights"].items():
+        torch.testing.assert_close(run["weights"][name], reference, atol=2e-6, rtol=0)
+
+
+def wrong_world() -> None:
+    Accelerator(parallelism_config=ParallelismConfig(dp_replicate_size=2, dp_shard_size=2))
+
+
+@pytest.mark.timeout(120)
+def test_a_config_for_another_number_of_processes_is_refused_at_once():
+    with pytest.raises(WorkerError, match="needs 4 processes .* but 2 train"):
+        notebook_launcher(wrong_world, num_processes=2, backend="cpu", timeout=60)
+
+
+def resume(directory: str, save_after: int | None) -> dict:
+    """Train HSDP 2x2; save after `save_after` steps and go on, or (None) load and go on."""
+    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+    accelerator = Accelerator(parallelism_config=config)
+    model = _model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
+    if save_after is None:
+        accelerator.load_state(directory)
+    for step, (x, y) in enumerate(loader):
+        accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+        if step + 1 == save_after:
+            accelerator.save_state(directory)
+    return accelerator.get_state_dict(model)
+
+
+@pytest.mark.timeout(240)
+def test_a_checkpoint_saved_under_hsdp_resumes_bit_for_bit(tmp_path):
+    directory = str(tmp_path / "state")
+    uninterrupted = notebook_launcher(resume, args=(directory, 3), **FOUR)
+    resumed = notebook_launcher(resume, args=(directory, None), **FOUR)
+    assert uninterrupted.keys() == resumed.keys()
+    for name, value in uninterrupted.items():
+        assert torch.equal(resumed[name], value), name
+
+
+@pytest.mark.timeout(240)
+def test_tensor_parallel_over_two_trains_as_one_process():
+    alone = notebook_launcher(train, args=(None,), num_processes=1, backend="cpu")
+    split = notebook_launcher(train, args=({"tp_size": 2},), num_processes=2, backend="cpu")
+    assert split["mesh"] == (("tp",), (2,)) and split["placements"] == ["Shard"]
+    # both ranks of the pair read every batch; each batch's result is gathered once
+    assert split["batches"] == alone["batches"]
+    # float tolerance: the split matmuls add their partial sums in another order
+    assert split["losses"] == pytest.approx(alone["losses"], abs=1e-5)
+    for name, reference in alone["weights"].items():
+        torch.testing.assert_close(split["weights"][name], reference, atol=1e-5, rtol=0)
+
+
+@pytest.mark.timeout(240)
+def test_fsdp_2_x_tp_2_trains_as_ddp_on_two():
+    ddp = notebook_launcher(train, args=(None,), num_processes=2, backend="cpu")
+    both = notebook_launcher(train, args=({"dp_shard_size": 2, "tp_size": 2},), **FOUR)
+    assert both["mesh"] == (("dp_shard", "tp"), (2, 2))
+    # the first layer's rows split over tp, and each part's rows again over dp_shard
+    assert both["placements"] == ["_StridedShard", "Shard"]
+    assert both["batches"] == ddp["batches"]
+    assert both["losses"] == pytest.approx(ddp["losses"], abs=1e-5)
+    for name, reference in ddp["weights"].items():
+        torch.testing.assert_close(both["weights"][name], reference, atol=1e-5, rtol=0)
+
+
+def unsplit_model_with_tp() -> None:
+    accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
+    accelerator.prepare(_model())
+
+
+@pytest.mark.timeout(120)
+def test_tp_without_a_split_model_says_how_to_split_it():
+    with pytest.raises(WorkerError, match="no parameter of Sequential is split over the tp"):
+        notebook_launcher(unsplit_model_with_tp, num_processes=2, backend="cpu", timeout=60)
