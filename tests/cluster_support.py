@@ -105,12 +105,13 @@ def start_cluster(
     nodes: int = 2,
     fast_health_checks: bool = False,
     node_args: dict | None = None,
+    head_cpus: int = 1,
 ) -> LocalCluster:
-    """A head and `nodes - 1` more nodes of 1 CPU each (or `node_args`); this process
-    connects as a driver."""
+    """A head of `head_cpus` CPUs and `nodes - 1` more nodes of 1 CPU each (or
+    `node_args`); this process connects as a driver."""
     head_disk = directory / "node0"
     head_disk.mkdir(parents=True)
-    head_args = {**NODE_ARGS, "env_vars": {"NODE_DISK": str(head_disk)}}
+    head_args = {**NODE_ARGS, "num_cpus": head_cpus, "env_vars": {"NODE_DISK": str(head_disk)}}
     # Ray Client's server on the head, for drivers that connect with ray://.
     head_args["ray_client_server_port"] = free_port()
     if fast_health_checks:

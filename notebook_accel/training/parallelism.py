@@ -17,8 +17,8 @@ device_mesh=accelerator.torch_device_mesh["tp"])`), or by torch's
 `parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)` with a plan
 of its styles (`ColwiseParallel`, `RowwiseParallel`, ...); `prepare()` then shards
 the split model over the data-parallel dimensions (FSDP2 x TP). Context
-parallelism (`cp_size`) and DeepSpeed's sequence parallelism (`sp_size`) are
-refused with what to do instead: they are not built yet here.
+parallelism (`cp_size`; torch's runs on CUDA only) and DeepSpeed's sequence
+parallelism (`sp_size`) are refused with what to do instead.
 """
 
 from __future__ import annotations
@@ -94,17 +94,18 @@ class ParallelismConfig:
                     "dp_shard_size to the data-parallel size (FSDP2 + TP), or both "
                     "dp_replicate_size and dp_shard_size above 1 (HSDP + TP)."
                 )
-        not_built = [
-            f"{name}_size={getattr(self, f'{name}_size')}"
-            for name in ("cp", "sp")
-            if getattr(self, f"{name}_size") > 1
-        ]
-        if not_built:
+        if self.cp_size > 1:
             raise NotImplementedError(
-                f"{', '.join(not_built)}: context and sequence parallelism are not supported "
-                "by notebook_accel yet; this config shards, replicates and splits tensors "
-                "(dp_replicate_size, dp_shard_size, tp_size). For long sequences, shard the "
-                "model over more processes (dp_shard_size) and use a smaller batch."
+                f"cp_size={self.cp_size}: context parallelism is not built into notebook_accel "
+                "yet. torch's (torch.distributed.tensor.experimental.context_parallel) splits "
+                "SDPA attention on CUDA only: on CPU, torch 2.13 has no sharding strategy for "
+                "aten._scaled_dot_product_flash_attention_for_cpu. For long sequences, shard "
+                "the model over more processes (dp_shard_size) and use a smaller batch."
+            )
+        if self.sp_size > 1:
+            raise NotImplementedError(
+                f"sp_size={self.sp_size}: sequence parallelism is DeepSpeed's (Ulysses), and "
+                "notebook_accel does not use DeepSpeed; shard with dp_shard_size instead."
             )
 
     # -- sizes and names (Accelerate's properties) -----------------------------------

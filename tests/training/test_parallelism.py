@@ -48,8 +48,10 @@ def test_bad_sizes_are_refused_with_what_to_do(options, message):
 
 
 def test_context_and_sequence_parallelism_say_they_are_not_built_yet():
-    with pytest.raises(NotImplementedError, match="cp_size=2: context and sequence"):
+    with pytest.raises(NotImplementedError, match="cp_size=2: context parallelism .* CUDA only"):
         ParallelismConfig(dp_shard_size=2, cp_size=2)
+    with pytest.raises(NotImplementedError, match="sp_size=2: sequence parallelism is DeepSpeed"):
+        ParallelismConfig(dp_shard_size=2, sp_size=2)
 
 
 def test_sizes_must_multiply_to_the_processes():
