@@ -348,7 +348,10 @@ def _complete(
     every process.
     """
     leader = sharing.leads(run.process_index)
-    sharded = any(fsdp.is_sharded(model) for model in run.unwrapped_models())
+    sharded = any(
+        fsdp.is_sharded(model) or fsdp.has_distributed_tensors(model)  # FSDP, or split (TP)
+        for model in run.unwrapped_models()
+    )
     # One directory: DCP indexes every process's shards together (they reshard on load).
     # Several: each process's shards load by themselves, from its own directory.
     per_process = sharded and sharing.directories > 1

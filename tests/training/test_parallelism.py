@@ -161,11 +161,14 @@ def test_a_config_for_another_number_of_processes_is_refused_at_once():
         notebook_launcher(wrong_world, num_processes=2, backend="cpu", timeout=60)
 
 
-def resume(directory: str, save_after: int | None) -> dict:
-    """Train HSDP 2x2; save after `save_after` steps and go on, or (None) load and go on."""
-    config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
+def resume(sizes: dict, directory: str, save_after: int | None) -> dict:
+    """Train under `sizes`; save after `save_after` steps and go on, or (None) load the
+    checkpoint and go on from where it was saved."""
+    config = ParallelismConfig(**sizes)
     accelerator = Accelerator(parallelism_config=config)
     model = _model()
+    if config.tp_enabled:
+        _split_over_tp(model, accelerator)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
     model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
     if save_after is None:
@@ -180,10 +183,20 @@ def resume(directory: str, save_after: int | None) -> dict:
 
 
 @pytest.mark.timeout(240)
-def test_a_checkpoint_saved_under_hsdp_resumes_bit_for_bit(tmp_path):
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        {"dp_replicate_size": 2, "dp_shard_size": 2},
+        {"dp_shard_size": 2, "tp_size": 2},
+        {"tp_size": 2},  # split, not sharded: saved through DCP all the same
+    ],
+    ids=["hsdp-2x2", "fsdp-2-x-tp-2", "tp-2"],
+)
+def test_a_checkpoint_resumes_bit_for_bit_under_the_same_layout(tmp_path, sizes):
     directory = str(tmp_path / "state")
-    uninterrupted = notebook_launcher(resume, args=(directory, 3), **FOUR)
-    resumed = notebook_launcher(resume, args=(directory, None), **FOUR)
+    launch = {**FOUR, "num_processes": ParallelismConfig(**sizes).total_size}
+    uninterrupted = notebook_launcher(resume, args=(sizes, directory, 3), **launch)
+    resumed = notebook_launcher(resume, args=(sizes, directory, None), **launch)
     assert uninterrupted.keys() == resumed.keys()
     for name, value in uninterrupted.items():
         assert torch.equal(resumed[name], value), name
