@@ -640,6 +640,31 @@ class Accelerator:
             for sampler, value in zip(samplers, saved, strict=True):
                 sampler.even_batches = value
 
+    def maybe_context_parallel(
+        self,
+        buffers: list[torch.Tensor] | None = None,
+        buffer_seq_dims: list[int] | None = None,
+        no_restore_buffers: set[torch.Tensor] | None = None,
+    ) -> contextlib.AbstractContextManager[None]:
+        """Split `buffers` (inputs, labels, position ids) along their sequence dimensions
+        `buffer_seq_dims` among the context-parallel ranks while the block runs, SDPA
+        attention exchanging what it needs (torch's context parallelism, on CUDA); the
+        buffers are whole again afterwards, except `no_restore_buffers`. Make one per
+        step. Without `cp_size` > 1 in the parallelism config it does nothing (with one
+        warning), so the same loop runs either way."""
+        config = self.parallelism_config
+        if config is None or not config.cp_enabled:
+            if not getattr(self, "_warned_no_context_parallel", False):
+                self._warned_no_context_parallel = True
+                warnings.warn(
+                    "maybe_context_parallel() does nothing: set cp_size > 1 in the "
+                    "ParallelismConfig to split sequences.",
+                    stacklevel=2,
+                )
+            return contextlib.nullcontext()
+        mesh = self.torch_device_mesh["cp"]
+        return parallelism.split_sequences(mesh, buffers, buffer_seq_dims, no_restore_buffers)
+
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:
         """Run the block in the configured mixed precision (no-op in full precision)."""
@@ -1172,7 +1197,7 @@ def _plugin_for_parallelism(
 ) -> FullyShardedDataParallelPlugin | None:
     """The FSDP plugin a parallelism config shards with: the one given, or FSDP2's defaults
     when `dp_shard_size` > 1."""
-    if not config.dp_shard_enabled:
+    if not config.dp_shard_cp_dim_names:
         if plugin is not None:
             raise ValueError(
                 "an FSDP plugin with a ParallelismConfig shards over its dp_shard_size, which "

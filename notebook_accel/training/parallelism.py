@@ -16,14 +16,19 @@ by transformers when it loads the model (`from_pretrained(..., tp_plan="auto",
 device_mesh=accelerator.torch_device_mesh["tp"])`), or by torch's
 `parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)` with a plan
 of its styles (`ColwiseParallel`, `RowwiseParallel`, ...); `prepare()` then shards
-the split model over the data-parallel dimensions (FSDP2 x TP). Context
-parallelism (`cp_size`; torch's runs on CUDA only) and DeepSpeed's sequence
-parallelism (`sp_size`) are refused with what to do instead.
+the split model over the data-parallel dimensions (FSDP2 x TP). With `cp_size`
+> 1 the ranks of a "cp" group read the same batch and split its sequences inside
+`accelerator.maybe_context_parallel(buffers, buffer_seq_dims)` (torch's context
+parallelism: SDPA attention on CUDA; on CPU torch has no kernel for it, which the
+error says); FSDP2 shards over "dp_shard" x "cp" flattened ("dp_shard_cp"), as in
+Accelerate. DeepSpeed's sequence parallelism (`sp_size`) is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +48,8 @@ class ParallelismConfig:
         dp_shard_size: processes each model is sharded over with FSDP2.
         tp_size: processes each tensor is split over (tensor parallel); the model
             is split before `prepare()`.
-        cp_size: context parallel size; only 1 for now.
+        cp_size: processes each sequence is split over (context parallel: SDPA
+            attention on CUDA), inside `accelerator.maybe_context_parallel(...)`.
         cp_backend: "torch", as in Accelerate.
         sp_size: DeepSpeed's sequence parallel size; only 1.
         sp_backend: "deepspeed", as in Accelerate.
@@ -94,14 +100,6 @@ class ParallelismConfig:
                     "dp_shard_size to the data-parallel size (FSDP2 + TP), or both "
                     "dp_replicate_size and dp_shard_size above 1 (HSDP + TP)."
                 )
-        if self.cp_size > 1:
-            raise NotImplementedError(
-                f"cp_size={self.cp_size}: context parallelism is not built into notebook_accel "
-                "yet. torch's (torch.distributed.tensor.experimental.context_parallel) splits "
-                "SDPA attention on CUDA only: on CPU, torch 2.13 has no sharding strategy for "
-                "aten._scaled_dot_product_flash_attention_for_cpu. For long sequences, shard "
-                "the model over more processes (dp_shard_size) and use a smaller batch."
-            )
         if self.sp_size > 1:
             raise NotImplementedError(
                 f"sp_size={self.sp_size}: sequence parallelism is DeepSpeed's (Ulysses), and "
@@ -168,9 +166,16 @@ class ParallelismConfig:
         return [name for name in ("tp", "cp", "sp") if self._sizes[name] > 1]
 
     @property
+    def dp_shard_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions flattened into "dp_shard_cp", which FSDP2 shards over
+        (context-parallel ranks hold the model's shards too)."""
+        return [name for name in ("dp_shard", "cp") if self._sizes[name] > 1]
+
+    @property
     def fsdp_dim_names(self) -> list[str]:
         """The dimensions FSDP2 runs over: replicated (HSDP) and sharded."""
-        return [name for name in ("dp_replicate", "dp_shard") if self._sizes[name] > 1]
+        names = ["dp_replicate"] if self.dp_replicate_enabled else []
+        return names + (["dp_shard_cp"] if self.dp_shard_cp_dim_names else [])
 
     @property
     def active_mesh_dims(self) -> list[str]:
@@ -204,7 +209,12 @@ class ParallelismConfig:
         if not names:
             return None
         shape = tuple(self._sizes[name] for name in names)
-        return init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
+        if self.dp_shard_cp_dim_names:
+            # torch's only way to name a group of dimensions as one (Accelerate does the
+            # same): FSDP2 then shards over dp_shard x cp as one dimension.
+            mesh[tuple(self.dp_shard_cp_dim_names)]._flatten("dp_shard_cp")
+        return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
         """The mesh, built on first use for `device_type` ("cpu", "cuda")."""
@@ -223,6 +233,42 @@ class ParallelismConfig:
         mesh = self.get_device_mesh(device_type)
         names = self.fsdp_dim_names
         return mesh[tuple(names)] if len(names) > 1 else mesh[names[0]]
+
+
+# What torch says where its context parallelism has no kernel (SDPA on CPU).
+_NO_STRATEGY = "does not have a sharding strategy registered"
+
+
+@contextlib.contextmanager
+def split_sequences(
+    mesh: Any,
+    buffers: list[Any] | None,
+    buffer_seq_dims: list[int] | None,
+    no_restore_buffers: set[Any] | None,
+) -> Iterator[None]:
+    """torch's context parallelism over `mesh` (the "cp" dimension): `buffers` are split
+    along their sequence dimensions among its ranks while the block runs, and SDPA
+    attention exchanges the keys and values it needs (ring attention)."""
+    from torch.distributed.tensor.experimental import context_parallel
+
+    try:
+        with context_parallel(
+            mesh,
+            buffers=buffers,
+            buffer_seq_dims=buffer_seq_dims,
+            no_restore_buffers=no_restore_buffers,
+        ):
+            yield
+    except NotImplementedError as error:
+        if _NO_STRATEGY not in str(error):
+            raise
+        raise NotImplementedError(
+            f"context parallelism cannot run this operation here ({error}). torch's "
+            "context parallelism splits SDPA attention on CUDA (its flash and efficient "
+            "kernels); on CPU, torch 2.13 has no sharding strategy for its attention. Train "
+            "with cp_size on GPUs, or shard the model over more processes (dp_shard_size) "
+            "and use shorter sequences."
+        ) from error
 
 
 def check_tensor_parallel(model: Any, config: ParallelismConfig) -> None:

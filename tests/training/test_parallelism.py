@@ -26,8 +26,15 @@ def test_names_and_sizes_follow_accelerate():
     config = ParallelismConfig(dp_replicate_size=2, dp_shard_size=2)
     assert config.total_size == 4 and config.data_parallel_size == 4
     assert config.non_data_parallel_size == 1
-    assert config.dp_dim_names == ["dp_replicate", "dp_shard"] == config.fsdp_dim_names
-    assert config.active_mesh_dims == ["dp_replicate", "dp_shard"]
+    assert config.dp_dim_names == ["dp_replicate", "dp_shard"] == config.active_mesh_dims
+    # FSDP2 shards over dp_shard and cp flattened into one dimension, as in Accelerate
+    assert config.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
+    assert config.dp_shard_cp_dim_names == ["dp_shard"]
+    with_cp = ParallelismConfig(dp_shard_size=2, cp_size=2, tp_size=2)
+    assert with_cp.active_mesh_dims == ["dp_shard", "cp", "tp"]
+    assert with_cp.dp_shard_cp_dim_names == ["dp_shard", "cp"]
+    # ranks 0-3 share dp rank 0 (its cp x tp group), 4-7 dp rank 1
+    assert [with_cp.data_parallel_rank(rank) for rank in range(8)] == [0] * 4 + [1] * 4
     assert config.dp_replicate_enabled and config.dp_shard_enabled and not config.tp_enabled
     assert [config.data_parallel_rank(rank) for rank in range(4)] == [0, 1, 2, 3]
 
@@ -47,9 +54,7 @@ def test_bad_sizes_are_refused_with_what_to_do(options, message):
         ParallelismConfig(**options)
 
 
-def test_context_and_sequence_parallelism_say_they_are_not_built_yet():
-    with pytest.raises(NotImplementedError, match="cp_size=2: context parallelism .* CUDA only"):
-        ParallelismConfig(dp_shard_size=2, cp_size=2)
+def test_deepspeed_s_sequence_parallelism_is_refused():
     with pytest.raises(NotImplementedError, match="sp_size=2: sequence parallelism is DeepSpeed"):
         ParallelismConfig(dp_shard_size=2, sp_size=2)
 
@@ -237,3 +242,59 @@ def unsplit_model_with_tp() -> None:
 def test_tp_without_a_split_model_says_how_to_split_it():
     with pytest.raises(WorkerError, match="no parameter of Sequential is split over the tp"):
         notebook_launcher(unsplit_model_with_tp, num_processes=2, backend="cpu", timeout=60)
+
+
+# -- context parallel ------------------------------------------------------------------
+
+
+def per_token(cp_size: int, attention: bool = False) -> dict:
+    """A model applied to each position of a sequence alone (what runs on CPU under torch's
+    context parallelism: its attention runs on CUDA only), trained on sequences split
+    over `cp_size` ranks; with `attention`, one SDPA call inside the split."""
+    config = ParallelismConfig(cp_size=cp_size) if cp_size > 1 else None
+    accelerator = Accelerator(parallelism_config=config)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    g = torch.Generator().manual_seed(1)
+    losses, lengths = [], []
+    for _ in range(3):
+        x, y = torch.randn(2, 12, 8, generator=g), torch.randn(2, 12, 1, generator=g)
+        with accelerator.maybe_context_parallel(buffers=[x, y], buffer_seq_dims=[1, 1]):
+            lengths.append(x.shape[1])
+            if attention:
+                q = x.unsqueeze(1)
+                torch.nn.functional.scaled_dot_product_attention(q, q, q, is_causal=True)
+            loss = torch.nn.functional.mse_loss(model(x), y)
+            accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(accelerator.reduce(loss.detach(), "mean").item())
+    mesh = accelerator.torch_device_mesh
+    return {
+        "losses": losses,
+        "lengths": lengths,
+        "weights": accelerator.get_state_dict(model),
+        "mesh": None if mesh is None else mesh.mesh_dim_names,
+    }
+
+
+@pytest.mark.timeout(240)
+def test_sequences_split_over_two_context_parallel_ranks_train_as_one_process():
+    with pytest.warns(UserWarning, match="maybe_context_parallel.. does nothing"):
+        alone = notebook_launcher(per_token, args=(1,), num_processes=1, backend="cpu")
+    split = notebook_launcher(per_token, args=(2,), num_processes=2, backend="cpu")
+    assert split["mesh"] == ("cp",) and split["lengths"] == [6, 6, 6]  # half each
+    assert alone["lengths"] == [12, 12, 12]
+    assert split["losses"] == pytest.approx(alone["losses"], abs=1e-6)
+    for name, reference in alone["weights"].items():
+        torch.testing.assert_close(split["weights"][name], reference, atol=1e-6, rtol=0)
+
+
+@pytest.mark.timeout(120)
+def test_attention_split_on_cpu_says_torch_runs_it_on_cuda_only():
+    with pytest.raises(
+        WorkerError, match="torch's context parallelism splits SDPA attention on CUDA"
+    ):
+        notebook_launcher(per_token, args=(2, True), num_processes=2, backend="cpu", timeout=60)
