@@ -92,3 +92,42 @@ def open_fds_once_back_to(expected: set[int], seconds: float = 5.0) -> set[int]:
     while now() != expected and time.monotonic() < deadline:
         time.sleep(0.02)
     return now()
+
+
+def run_in_kernel(
+    client, code: str, answers=(), allow_stdin: bool = True, timeout: float = 90
+) -> dict:
+    """Execute `code` in a kernel as a frontend would: each stdin request (its prompt
+    recorded) gets the next of `answers` ("c" once they run out); return the reply
+    content, the text the cell showed (its streams and error tracebacks) and the
+    prompts."""
+    import queue
+    import time
+
+    answers = list(answers)
+    msg_id = client.execute(code, allow_stdin=allow_stdin)
+    text, prompts = [], []
+    deadline = time.monotonic() + timeout
+    idle = False
+    while not idle:
+        assert time.monotonic() < deadline, f"the cell did not finish: {''.join(text)}"
+        try:
+            request = client.get_stdin_msg(timeout=0.05)
+        except queue.Empty:
+            pass
+        else:
+            prompts.append(request["content"]["prompt"])
+            client.input(answers.pop(0) if answers else "c")
+        try:
+            message = client.get_iopub_msg(timeout=0.05)
+        except queue.Empty:
+            continue
+        if message["parent_header"].get("msg_id") != msg_id:
+            continue
+        if message["msg_type"] == "stream":
+            text.append(message["content"]["text"])
+        elif message["msg_type"] == "error":
+            text.append("\n".join(message["content"]["traceback"]))
+        idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
+    reply = client.get_shell_msg(timeout=timeout)
+    return {"reply": reply["content"], "text": "".join(text), "prompts": prompts}

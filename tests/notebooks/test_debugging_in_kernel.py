@@ -4,12 +4,12 @@ as a frontend does; a frontend without stdin, and the stop button at a prompt.""
 
 from __future__ import annotations
 
-import queue
 import time
 
 import psutil
 import pytest
-from jupyter_client.manager import start_new_kernel
+
+from tests_support import run_in_kernel as run
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,48 +31,6 @@ def fails_deep_inside(limit):
         return window[limit]
     accelerator.wait_for_everyone()
 """
-
-
-@pytest.fixture
-def kernel():
-    manager, client = start_new_kernel(kernel_name="python3")
-    try:
-        yield manager, client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
-
-
-def run(client, code: str, answers=(), allow_stdin: bool = True, timeout: float = 90) -> dict:
-    """Execute `code` as a frontend would: each stdin request (its prompt recorded) gets
-    the next of `answers`; return the reply, the text shown and the prompts."""
-    answers = list(answers)
-    msg_id = client.execute(code, allow_stdin=allow_stdin)
-    text, prompts = [], []
-    deadline = time.monotonic() + timeout
-    idle = False
-    while not idle:
-        assert time.monotonic() < deadline, f"the cell did not finish: {''.join(text)}"
-        try:
-            request = client.get_stdin_msg(timeout=0.05)
-        except queue.Empty:
-            pass
-        else:
-            prompts.append(request["content"]["prompt"])
-            client.input(answers.pop(0) if answers else "c")
-        try:
-            message = client.get_iopub_msg(timeout=0.05)
-        except queue.Empty:
-            continue
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        if message["msg_type"] == "stream":
-            text.append(message["content"]["text"])
-        elif message["msg_type"] == "error":
-            text.append("\n".join(message["content"]["traceback"]))
-        idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
-    reply = client.get_shell_msg(timeout=timeout)
-    return {"reply": reply["content"], "text": "".join(text), "prompts": prompts}
 
 
 def test_a_breakpoint_and_a_post_mortem_prompt_in_the_cell(kernel):

@@ -5,10 +5,8 @@ from __future__ import annotations
 import time
 
 import psutil
-import pytest
-from jupyter_client.manager import start_new_kernel
 
-from tests_support import cell_text, execute_cells
+from tests_support import cell_text, execute_cells, run_in_kernel
 
 CELLS = [
     """
@@ -58,31 +56,9 @@ def test_notebook_launch_returns_results_shows_output_and_reports_errors(tmp_pat
     assert "ZeroDivisionError: rank one divided by zero" in failure_text
 
 
-@pytest.fixture
-def kernel():
-    manager, client = start_new_kernel(kernel_name="python3")
-    try:
-        yield manager, client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
-
-
-def run(client, code: str, timeout: float = 60) -> dict:
-    """Execute code; return the reply content and the text the cell printed."""
-    msg_id = client.execute(code)
-    text = []
-    deadline = time.monotonic() + timeout
-    while True:
-        message = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if message["parent_header"].get("msg_id") != msg_id:
-            continue
-        if message["msg_type"] == "stream":
-            text.append(message["content"]["text"])
-        if message["msg_type"] == "status" and message["content"]["execution_state"] == "idle":
-            break
-    reply = client.get_shell_msg(timeout=timeout)
-    return {"reply": reply["content"], "text": "".join(text)}
+def run(client, code: str) -> dict:
+    """Execute code (no stdin, as before); the reply content and the text the cell printed."""
+    return run_in_kernel(client, code, allow_stdin=False, timeout=60)
 
 
 def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):

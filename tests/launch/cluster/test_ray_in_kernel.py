@@ -5,20 +5,7 @@ from __future__ import annotations
 
 import time
 
-import pytest
-from jupyter_client.manager import start_new_kernel
-
 from cluster_support import ours_still_running, wait_until_nothing_is_left
-
-
-@pytest.fixture
-def kernel():
-    manager, client = start_new_kernel(kernel_name="python3")
-    try:
-        yield manager, client
-    finally:
-        client.stop_channels()
-        manager.shutdown_kernel(now=True)
 
 
 def send(client, code: str) -> str:
