@@ -210,6 +210,7 @@ class Accelerator:
         self._objects = TrainingObjects(scaler=self.precision.scaler)
         self._save_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
         self._load_hooks: OrderedDict[int, Callable[..., None]] = OrderedDict()
+        self._warned_no_context_parallel = False  # maybe_context_parallel warns once
         os_kernel.check_once()
 
     # -- who and where ------------------------------------------------------------
@@ -654,7 +655,7 @@ class Accelerator:
         warning), so the same loop runs either way."""
         config = self.parallelism_config
         if config is None or not config.cp_enabled:
-            if not getattr(self, "_warned_no_context_parallel", False):
+            if not self._warned_no_context_parallel:
                 self._warned_no_context_parallel = True
                 warnings.warn(
                     "maybe_context_parallel() does nothing: set cp_size > 1 in the "
@@ -782,7 +783,7 @@ class Accelerator:
         def first_of_each_group(tensor: torch.Tensor) -> torch.Tensor:
             # rank order along dim 0, each rank's part the same size
             per_rank = tensor.reshape(world, -1, *tensor.shape[1:])
-            kept = per_rank[:: config.non_data_parallel_size]
+            kept = parallelism.first_of_each_data_parallel_rank(per_rank, config)
             return kept.reshape(-1, *tensor.shape[1:])
 
         return apply_to_tensors(first_of_each_group, ops.gather(data))

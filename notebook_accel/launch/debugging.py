@@ -24,6 +24,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import struct
 import sys
 import threading
@@ -75,8 +76,6 @@ def ask_in_cell(rank: int, prompt: str) -> str:
             "the launch runs on a thread other than the notebook's main one, where nobody "
             "can answer"
         )
-    import signal
-
     # The launch turns a stop press into a flag; at a prompt it must end the wait.
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:

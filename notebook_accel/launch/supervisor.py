@@ -92,6 +92,8 @@ STACKS_WAIT_SECONDS = 3.0
 STACKS_SETTLE_SECONDS = 0.3
 # How long a worker may take to read the answer to its own prompt.
 ANSWER_WRITE_SECONDS = 5.0
+# Why a worker's prompt got no answer where the group has no prompter.
+NO_PROMPTER = "nobody can answer input here"
 
 Emit = Callable[[RunEvent], None]
 
@@ -198,8 +200,8 @@ class LineBuffer:
 
     def flush(self) -> list[str]:
         """The partial last line, if any, with a newline added."""
-        rest, self._pending = self._pending, b""
-        return [rest.decode(errors="replace") + "\n"] if rest else []
+        rest = self.take_partial()
+        return [rest + "\n"] if rest else []
 
 
 class FatalReport:
@@ -301,9 +303,8 @@ class WorkerGroupBase:
         self._last_progress = time.monotonic()
         self._hang_explained = False
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
-        # can answer, for `no_prompt_reason`.
+        # can answer (NO_PROMPTER).
         self.prompter: Prompter | None = None
-        self.no_prompt_reason = "nobody can answer input here"
         # Seconds spent at prompts since the loop last looked: they do not count
         # towards the run's timeout.
         self._prompt_seconds = 0.0
@@ -506,7 +507,7 @@ class WorkerGroupBase:
         """Ask in the cell for the line `worker` waits for, and send it back."""
         prompt = self._take_prompt(worker)
         started = time.monotonic()
-        line, reason, pressed = None, self.no_prompt_reason, False
+        line, reason, pressed = None, NO_PROMPTER, False
         try:
             if self.prompter is not None:
                 line = self.prompter(worker.rank, prompt)

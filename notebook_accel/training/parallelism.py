@@ -291,9 +291,10 @@ def check_tensor_parallel(model: Any, config: ParallelismConfig) -> None:
         )
 
 
-def first_of_each_data_parallel_rank(per_rank: list, config: ParallelismConfig) -> list:
-    """From one value per rank, those of the ranks that lead their tensor-parallel group
-    (the others hold the same batch's results)."""
+def first_of_each_data_parallel_rank(per_rank: Any, config: ParallelismConfig) -> Any:
+    """From one value per rank (a list, or a tensor's first dimension), those of the ranks
+    that lead their tensor- or context-parallel group (the others hold the same batch's
+    results)."""
     return per_rank[:: config.non_data_parallel_size]
 
 
@@ -302,6 +303,7 @@ def _size(name: str, value: Any) -> int:
         size = int(value)
     except (TypeError, ValueError):
         raise ValueError(f"{name}={value!r} must be a whole number of processes.") from None
-    if isinstance(value, bool) or size != value and not isinstance(value, str) or size < 1:
+    whole = isinstance(value, str) or size == value  # "2" from a variable, or 2 (not 1.5)
+    if isinstance(value, bool) or not whole or size < 1:
         raise ValueError(f"{name}={value!r} must be a whole number, at least 1.")
     return size
