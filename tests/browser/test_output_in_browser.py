@@ -104,6 +104,42 @@ def test_the_panel_shows_one_rank_s_output_when_picked(lab_server, page):
     screenshot(page, "output-per-rank-panel", locator=control)
 
 
+def test_eight_chatty_ranks_stay_bounded_and_one_is_picked(lab_server, page):
+    """8 ranks of 400 lines each (3,200 lines, a tenth of them stderr): the pane draws
+    the newest 500 at most, the filter offers every rank, and one rank's lines come alone."""
+    write_notebook(
+        lab_server, "output8.ipynb", [CHATTY, "control = panel(chatty, args=(400,))\ncontrol"]
+    )
+    run_notebook_in_lab(page, lab_server, "output8.ipynb")
+    control = outputs(page).locator(".notebook-accel-panel").first
+    processes = control.locator(".notebook-accel-processes input")
+    processes.fill("8")
+    processes.press("Enter")
+    control.locator("button.notebook-accel-launch").click()
+    control.locator(".notebook-accel-outcome").filter(has_text="finished").wait_for(timeout=150_000)
+
+    pane = control.locator(".notebook-accel-output-pane")
+    spans = pane.locator(".notebook-accel-line[data-rank]")
+    wait_until(lambda: spans.count() == 500, 15, "the newest 500 lines drawn")
+    options = control.locator(".notebook-accel-rank-filter select option").all_inner_texts()
+    # ipywidgets writes an option's spaces as no-break spaces
+    assert [option.replace("\xa0", " ") for option in options] == ["all"] + [
+        f"rank {rank}" for rank in range(8)
+    ]
+
+    control.locator(".notebook-accel-rank-filter select").select_option(label="rank 7")
+    wait_until(
+        lambda: "[rank" not in pane.inner_text() and spans.count() == 400,
+        15,
+        "rank 7's 400 lines, alone",
+    )
+    lines = pane.inner_text().strip().splitlines()
+    assert all(line.startswith("rank 7 ") for line in lines)
+    assert lines[0] == "rank 7 line 0" and lines[-1] == "rank 7 warning 399"
+    check_stderr_marked(pane, count=40)
+    screenshot(page, "output-per-rank-eight", locator=control)
+
+
 def start_all_cells(page, server, path: str) -> None:
     """Open the notebook and start running every cell, without waiting for them."""
     page.goto(f"{server.url}lab/tree/{path}?token={server.token}")
