@@ -16,7 +16,7 @@ import os
 import sys
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -45,7 +45,15 @@ from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
-from notebook_accel.training import device_maps, fp8, fsdp, interrupts, ops, parallelism
+from notebook_accel.training import (
+    device_maps,
+    fp8,
+    fsdp,
+    interrupts,
+    ops,
+    parallelism,
+    tensor_parallel,
+)
 from notebook_accel.training.data import prepare_data_loader, skip_first_batches
 from notebook_accel.training.loader import DataLoaderShard
 from notebook_accel.training.nested import apply_to_tensors
@@ -341,19 +349,31 @@ class Accelerator:
 
     # -- prepare -------------------------------------------------------------------
 
-    def prepare(self, *args: Any, device_placement: list[bool] | None = None) -> Any:
+    def prepare(
+        self,
+        *args: Any,
+        device_placement: list[bool] | None = None,
+        tp_plan: Mapping[str, Any] | None = None,
+    ) -> Any:
         """Ready models, optimizers, schedulers and DataLoaders for this run.
 
         Returns them in the order given (a single object when one is given).
         Schedulers are prepared last, so they see the wrapped optimizers.
+        With a `parallelism_config` whose `tp_size` > 1, `tp_plan` says how to split
+        the model over the "tp" dimension (see `prepare_model`).
         """
         placement = device_placement or [self.device_placement] * len(args)
         if len(placement) != len(args):
             raise ValueError("device_placement needs one entry per object passed to prepare().")
+        if tp_plan is not None and sum(isinstance(o, torch.nn.Module) for o in args) != 1:
+            raise ValueError(
+                "tp_plan= splits one model: pass prepare() exactly one, or call "
+                "prepare_model(model, tp_plan=...) for each."
+            )
         result = list(args)
         for i, obj in enumerate(args):
             if not _is_scheduler(obj):
-                result[i] = self._prepare_one(obj, placement[i])
+                result[i] = self._prepare_one(obj, placement[i], tp_plan)
         for optimizer in self._objects.optimizers:  # prepared before their model was sharded
             fsdp.switch_optimizer_parameters(optimizer, self._shards)
         if self.fsdp_plugin is not None and self.mixed_precision == "fp8":
@@ -367,9 +387,9 @@ class Accelerator:
         milestone()  # a launched worker reports what it imported (launch/warm.py)
         return result[0] if len(result) == 1 else tuple(result)
 
-    def _prepare_one(self, obj: Any, device_placement: bool) -> Any:
+    def _prepare_one(self, obj: Any, device_placement: bool, tp_plan: Any = None) -> Any:
         if isinstance(obj, torch.nn.Module):
-            return self.prepare_model(obj, device_placement=device_placement)
+            return self.prepare_model(obj, device_placement=device_placement, tp_plan=tp_plan)
         if isinstance(obj, torch.optim.Optimizer) and not isinstance(obj, AcceleratedOptimizer):
             return self.prepare_optimizer(obj)
         if isinstance(obj, DataLoader) and not isinstance(obj, DataLoaderShard):
@@ -381,15 +401,31 @@ class Accelerator:
         model: torch.nn.Module,
         device_placement: bool | None = None,
         evaluation_mode: bool = False,
+        tp_plan: Mapping[str, Any] | None = None,
     ) -> torch.nn.Module:
         """Move `model` to the device, apply mixed precision, wrap it for distribution, compile.
 
         When distributed, the model is wrapped in DDP, or with an FSDP plugin
         sharded in place (the same object, its parameters now DTensor shards).
         With a dynamo backend the result is `torch.compile`d.
+
+        With a `parallelism_config` whose `tp_size` > 1, a model not split already is
+        split over the "tp" dimension by torch's `parallelize_module`: by `tp_plan`
+        (module names, `*` for any one name, to torch's styles such as
+        `ColwiseParallel()`, or transformers' names such as "colwise"), or by the
+        model's own plan (a transformers model's `tp_plan`).
         """
         if any(model is prepared for prepared in self._objects.models):
             return model  # prepared already: wrapping it again would nest DDP
+        config = self.parallelism_config
+        split_by = None  # checked before anything is done to the model
+        if config is not None and config.tp_enabled:
+            split_by = tensor_parallel.plan_for(model, config.tp_size, tp_plan)
+        elif tp_plan is not None:
+            raise ValueError(
+                "tp_plan= splits a model over the tp dimension, but there is none: "
+                "Accelerator(parallelism_config=ParallelismConfig(tp_size=...))."
+            )
         self._objects.models.append(model)
         if device_maps.is_quantized(model):
             device_maps.check_quantized_placement(model, self.device, self.use_distributed)
@@ -405,6 +441,9 @@ class Accelerator:
             for name, parameter in model.named_parameters():
                 if name in before and before[name] is not parameter:
                     self._shards.add(before[name], parameter)
+        if split_by is not None:
+            mesh = self.torch_device_mesh["tp"]
+            self._shards.update(tensor_parallel.split_model(model, mesh, split_by))
         trainable = any(p.requires_grad for p in model.parameters())
         shards = self.use_distributed and trainable and not evaluation_mode
         model = self.precision.prepare_model(
@@ -412,8 +451,6 @@ class Accelerator:
             sharded=shards and self.fsdp_plugin is not None,
             compiled=self.dynamo_plugin is not None,
         )
-        if self.parallelism_config is not None:
-            parallelism.check_tensor_parallel(model, self.parallelism_config)
         if shards:
             model = self._distribute(model)
         if self.dynamo_plugin is not None:

@@ -113,12 +113,22 @@ class ShardMap:
 
     def __init__(self) -> None:
         self._entries: dict[int, tuple[weakref.ref, torch.nn.Parameter]] = {}
+        self._replaced_by: dict[int, list[int]] = {}  # id(new) -> the ids it replaced
 
     def add(self, old: torch.nn.Parameter, new: torch.nn.Parameter) -> None:
+        # A parameter replaced twice (split over tp, then sharded by FSDP): what was
+        # replaced by the middle one is now replaced by the last.
+        replaced = self._replaced_by.pop(id(old), []) + [id(old)]
         self._entries[id(old)] = (weakref.ref(old), new)
+        for key in replaced:
+            self._entries[key] = (self._entries[key][0], new)
+        self._replaced_by.setdefault(id(new), []).extend(replaced)
 
     def update(self, other: ShardMap) -> None:
-        self._entries.update(other._entries)
+        for ref, new in other._entries.values():
+            old = ref()
+            if old is not None:
+                self.add(old, new)
 
     def get(self, old: torch.Tensor) -> torch.nn.Parameter | None:
         """The shard that replaced `old`, or None."""

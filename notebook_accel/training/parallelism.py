@@ -11,12 +11,11 @@ larger than 1 (HSDP: shard inside a group, e.g. a node, and replicate across
 groups); with "dp_replicate" alone the model is wrapped in DDP, as without a
 config.
 
-With `tp_size` > 1 the model's tensors are split over "tp" before `prepare()`:
-by transformers when it loads the model (`from_pretrained(..., tp_plan="auto",
-device_mesh=accelerator.torch_device_mesh["tp"])`), or by torch's
-`parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)` with a plan
-of its styles (`ColwiseParallel`, `RowwiseParallel`, ...); `prepare()` then shards
-the split model over the data-parallel dimensions (FSDP2 x TP). With `cp_size`
+With `tp_size` > 1 `prepare()` splits the model's tensors over "tp"
+(tensor_parallel.py: by a plan given to it, or a transformers model's own), unless
+they come split (transformers' `from_pretrained(..., tp_plan="auto", device_mesh=...)`,
+or the user's `parallelize_module`), and then shards the split model over the
+data-parallel dimensions (FSDP2 x TP). With `cp_size`
 > 1 the ranks of a "cp" group read the same batch and split its sequences inside
 `accelerator.maybe_context_parallel(buffers, buffer_seq_dims)` (torch's context
 parallelism: SDPA attention on CUDA; on CPU torch has no kernel for it, which the
@@ -269,26 +268,6 @@ def split_sequences(
             "with cp_size on GPUs, or shard the model over more processes (dp_shard_size) "
             "and use shorter sequences."
         ) from error
-
-
-def check_tensor_parallel(model: Any, config: ParallelismConfig) -> None:
-    """With tp_size > 1, `model` must already be split over the "tp" dimension."""
-    if not config.tp_enabled:
-        return
-    from torch.distributed.tensor import DTensor
-
-    split = any(
-        isinstance(p, DTensor) and "tp" in (p.device_mesh.mesh_dim_names or ())
-        for p in model.parameters()
-    )
-    if not split:
-        raise ValueError(
-            f"tp_size={config.tp_size}, but no parameter of {type(model).__name__} is split "
-            "over the tp dimension. Split it before prepare(): "
-            "torch.distributed.tensor.parallel.parallelize_module(model, "
-            'accelerator.torch_device_mesh["tp"], plan), or load a transformers model with '
-            'from_pretrained(..., tp_plan="auto", device_mesh=accelerator.torch_device_mesh["tp"]).'
-        )
 
 
 def first_of_each_data_parallel_rank(per_rank: Any, config: ParallelismConfig) -> Any:

@@ -84,27 +84,34 @@ def _loader() -> DataLoader:
     return DataLoader(data, batch_size=4)
 
 
-def _split_over_tp(model: torch.nn.Module, accelerator: Accelerator) -> None:
+def _tp_plan() -> dict:
     """A tensor-parallel plan in torch's styles: the first layer's outputs split, the
     second layer's inputs (Megatron's MLP)."""
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-    parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)
+    return {"0": ColwiseParallel(), "2": RowwiseParallel()}
 
 
-def train(sizes: dict | None) -> dict:
+def _split_over_tp(model: torch.nn.Module, accelerator: Accelerator) -> None:
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, accelerator.torch_device_mesh["tp"], _tp_plan())
+
+
+def train(sizes: dict | None, split_by: str = "user") -> dict:
+    """Train `_model()` under `sizes`; with tp, split by the user before prepare(), or by
+    prepare() from a plan of torch's styles ("prepare") or of their names ("names")."""
     config = ParallelismConfig(**sizes) if sizes is not None else None
     accelerator = Accelerator(parallelism_config=config)
     model = _model()
+    plan = None
     if config is not None and config.tp_enabled:
-        _split_over_tp(model, accelerator)
+        if split_by == "user":
+            _split_over_tp(model, accelerator)
+        else:
+            plan = _tp_plan() if split_by == "prepare" else {"0": "colwise", "2": "rowwise"}
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    model, optimizer, loader = accelerator.prepare(model, optimizer, _loader())
+    model, optimizer, loader = accelerator.prepare(model, optimizer, _loader(), tp_plan=plan)
     seen, losses = [], []
     for x, y in loader:
         seen.append(x[0, 0].item())
@@ -233,15 +240,77 @@ def test_fsdp_2_x_tp_2_trains_as_ddp_on_two():
         torch.testing.assert_close(both["weights"][name], reference, atol=1e-5, rtol=0)
 
 
-def unsplit_model_with_tp() -> None:
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("split_by", ["prepare", "names"])
+@pytest.mark.parametrize(
+    "sizes", [{"tp_size": 2}, {"dp_shard_size": 2, "tp_size": 2}], ids=["tp-2", "fsdp-2-x-tp-2"]
+)
+def test_prepare_splits_by_a_plan_as_the_user_would(sizes, split_by):
+    launch = {**FOUR, "num_processes": ParallelismConfig(**sizes).total_size}
+    by_user = notebook_launcher(train, args=(sizes, "user"), **launch)
+    by_prepare = notebook_launcher(train, args=(sizes, split_by), **launch)
+    assert by_prepare["placements"] == by_user["placements"]
+    # the optimizer made before prepare() stepped the split (and sharded) parameters
+    assert by_prepare["losses"] == by_user["losses"]
+    for name, reference in by_user["weights"].items():
+        assert torch.equal(by_prepare["weights"][name], reference), name
+
+
+def bad_plans() -> list[str]:
+    """What prepare() says to each plan it cannot use, on a pair of tp ranks."""
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
     accelerator = Accelerator(parallelism_config=ParallelismConfig(tp_size=2))
-    accelerator.prepare(_model())
+    odd = torch.nn.Sequential(torch.nn.Linear(8, 7), torch.nn.Linear(7, 1))
+    attempts = [
+        (_model(), None),  # no plan, and none of its own
+        (_model(), {"0": ColwiseParallel(), "fc9": ColwiseParallel()}),
+        (_model(), {"0": "sequence_parallel"}),
+        (odd, {"0": ColwiseParallel()}),
+    ]
+    said = []
+    for model, plan in attempts:
+        try:
+            accelerator.prepare_model(model, tp_plan=plan)
+        except ValueError as error:
+            said.append(str(error))
+        else:
+            said.append("")
+    split = _model()
+    _split_over_tp(split, accelerator)
+    try:
+        accelerator.prepare_model(split, tp_plan=_tp_plan())
+    except ValueError as error:
+        said.append(str(error))
+    # nothing was done to a model refused: with a plan it can use, it is split
+    refused = attempts[1][0]
+    accelerator.prepare_model(refused, tp_plan=_tp_plan())
+    said.append(type(refused[0].weight).__name__)
+    return said
 
 
 @pytest.mark.timeout(120)
-def test_tp_without_a_split_model_says_how_to_split_it():
-    with pytest.raises(WorkerError, match="no parameter of Sequential is split over the tp"):
-        notebook_launcher(unsplit_model_with_tp, num_processes=2, backend="cpu", timeout=60)
+def test_a_plan_prepare_cannot_use_is_refused_with_what_to_do():
+    said = notebook_launcher(bad_plans, num_processes=2, backend="cpu", timeout=60)
+    no_plan, unknown_module, unknown_style, uneven, split_twice, then = said
+    assert "Sequential is not split over the tp dimension and has no tp_plan" in no_plan
+    assert "tp_plan={" in no_plan and 'tp_plan="auto"' in no_plan
+    assert "tp_plan names no module of Sequential: ['fc9']" in unknown_module
+    assert "tp_plan['0'] = 'sequence_parallel': give one of torch's styles" in unknown_style
+    assert "0: ColwiseParallel splits its 7 rows of weight" in uneven
+    assert "tp_size=2 equal parts" in uneven
+    assert "split over tp already; pass tp_plan= only" in split_twice
+    assert then == "DTensor"
+
+
+def test_a_plan_without_a_tp_dimension_is_refused():
+    from torch.distributed.tensor.parallel import ColwiseParallel
+
+    accelerator = Accelerator(cpu=True)
+    with pytest.raises(ValueError, match="tp_plan= splits a model over the tp dimension"):
+        accelerator.prepare(_model(), tp_plan={"0": ColwiseParallel()})
+    with pytest.raises(ValueError, match="tp_plan= splits one model: pass prepare"):
+        accelerator.prepare(_model(), _model(), tp_plan={"0": ColwiseParallel()})
 
 
 # -- context parallel ------------------------------------------------------------------
