@@ -111,6 +111,7 @@ class LiveWorkers:
         self._generation = 0  # how many times the process group was formed again
         # The rank whose error caused the last failed call: what debug() opens by default.
         self._last_failed_rank: int | None = None
+        self._call_first_line = 0  # the report's first output line of the current call
 
     # -- the group's life --------------------------------------------------------
 
@@ -246,6 +247,7 @@ class LiveWorkers:
         self._finished[call_id] = {}
         timeout = self.call_timeout if timeout is None else timeout
         self._call_view = None
+        self._call_first_line = self.report.lines_received  # its view shows its own
         self._broken = False
         self._still_in_call = []
         self._regroup_note = ""
@@ -572,7 +574,7 @@ class LiveWorkers:
 
         if self._live is None and not in_notebook():
             return None
-        return live_view(self.plan)
+        return live_view(self.plan, since=self._call_first_line)
 
     def _finish_view(self) -> None:
         """Every view draws the call's last figures (views redraw at a bounded rate,

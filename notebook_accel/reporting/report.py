@@ -289,18 +289,22 @@ class RunReport:
                 return name
         return next(iter(self.curves), None)
 
-    def output(self, rank: int | None = None, last: int | None = None) -> list[LogLine]:
+    def output(
+        self, rank: int | None = None, last: int | None = None, since: int = 0
+    ) -> list[LogLine]:
         """The workers' output lines on this machine, in arrival order.
 
         `rank`: only that rank's lines (the restarts' separators included); None:
         every rank's, interleaved as they arrived. `last`: only the newest that many.
-        Each rank keeps its newest MAX_RANK_LINES lines.
+        `since`: only lines received after the first `since` (`lines_received` when a
+        live group's call began: that call's lines). Each rank keeps its newest
+        MAX_RANK_LINES lines.
         """
         with self._output_lock:
-            if rank is None:
-                parts = [list(lines) for lines in self._output.values()]
-            else:
-                parts = [list(self._output.get(key, ())) for key in (None, rank)]
+            keys = list(self._output) if rank is None else [None, rank]
+            parts = [
+                [line for line in self._output.get(key, ()) if line.index >= since] for key in keys
+            ]
         if last is not None:
             if last <= 0:
                 return []

@@ -19,19 +19,20 @@ def in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def live_view(plan: Any = None, force: bool = False) -> RunView | None:
+def live_view(plan: Any = None, force: bool = False, since: int = 0) -> RunView | None:
     """The right live display for where the launch runs.
 
     `force` shows the widgets from the start, not only once progress or a
-    metric arrives. `plan` is accepted for callers that pass it; a view reads
-    everything from the run's report.
+    metric arrives. `since`: the first of the report's output lines to show (a live
+    group's call shows its own). `plan` is accepted for callers that pass it; a view
+    reads everything from the run's report.
     """
     if in_notebook():
         try:
             import ipywidgets  # noqa: F401
         except ImportError:
             return TextView()
-        return WidgetView(show_always=force)
+        return WidgetView(show_always=force, since=since)
     return TextView()
 
 
@@ -44,9 +45,10 @@ class WidgetView(RunView):
     reports neither leaves the cell as it was.
     """
 
-    def __init__(self, show_always: bool = False) -> None:
+    def __init__(self, show_always: bool = False, since: int = 0) -> None:
         super().__init__()
         self.show_always = show_always
+        self.since = since
         self.widgets = None
 
     def changed(self, final: bool) -> None:
@@ -58,7 +60,7 @@ class WidgetView(RunView):
 
             from notebook_accel.views.widgets import RunWidgets
 
-            self.widgets = RunWidgets(output="collapsed")
+            self.widgets = RunWidgets(output="collapsed", since=self.since)
             display(self.widgets.box)
         self.widgets.refresh(report, force=final or not self.periodic)
 

@@ -96,8 +96,11 @@ class RankOutput:
     # and only the extra ones (several workers exiting at once) are skipped.
     interval = 0.2
 
-    def __init__(self, max_lines: int = MAX_SHOWN_LINES, height: str = "260px") -> None:
+    def __init__(
+        self, max_lines: int = MAX_SHOWN_LINES, height: str = "260px", since: int = 0
+    ) -> None:
         self.max_lines = max_lines
+        self.since = since  # the first line shown (RunReport.output)
         self.filter = widgets.Dropdown(
             options=[("all", ALL)],
             value=ALL,
@@ -160,7 +163,7 @@ class RankOutput:
 
     def _draw(self, report: RunReport, ranks: list[int]) -> None:
         rank = self.rank
-        lines = report.output(rank, last=self.max_lines)
+        lines = report.output(rank, last=self.max_lines, since=self.since)
         self.pane.value = f"<style>{filter_css(ranks)}</style>" + lines_html(
             lines, prefixed=rank is None
         )

@@ -27,10 +27,11 @@ class RunWidgets:
     `output` places the workers' output per rank (views/output.py): "open" (the
     panel), "collapsed" (under a launched cell, whose printed text already shows
     every line: a closed section, added once the run has more than one rank), or
-    "none".
+    "none". `since`: the first of the report's output lines to show (a live group's
+    report holds every call's; a call's view shows its own).
     """
 
-    def __init__(self, output: str = "none") -> None:
+    def __init__(self, output: str = "none", since: int = 0) -> None:
         self.bar = widgets.IntProgress(
             value=0, min=0, max=1, description="", layout=widgets.Layout(width="320px")
         )
@@ -39,7 +40,7 @@ class RunWidgets:
         self.metrics = widgets.HTML()
         self.chart = widgets.HTML()
         self.output_mode = output
-        self.output = RankOutput()
+        self.output = RankOutput(since=since)
         self.logs = self.output.pane  # the pane of output lines, under its former name
         self.output_section: widgets.Accordion | None = None
         parts = [
