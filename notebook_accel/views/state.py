@@ -9,6 +9,7 @@ front end.
 
 from __future__ import annotations
 
+import threading
 import time
 
 from notebook_accel.reporting.events import AttemptStarted, RunEnded, RunEvent, WorkerExited
@@ -34,8 +35,14 @@ class RunView(RunObserver):
 
     def __init__(self) -> None:
         self.report: RunReport | None = None
-        self.periodic = False
         self._last_change = 0.0
+        # The thread inside a periodic redraw: another thread's call to changed() (a
+        # live group's call ended, the panel) is not one, even while that one runs.
+        self._periodic_thread: int | None = None
+
+    @property
+    def periodic(self) -> bool:
+        return self._periodic_thread == threading.get_ident()
 
     def on_event(self, event: RunEvent, report: RunReport) -> None:
         self.report = report
@@ -45,11 +52,11 @@ class RunView(RunObserver):
         now = time.monotonic()
         if isinstance(event, _REDRAW_NOW) or now - self._last_change >= self.interval:
             self._last_change = now
-            self.periodic = True
+            self._periodic_thread = threading.get_ident()
             try:
                 self.changed(final=False)
             finally:
-                self.periodic = False
+                self._periodic_thread = None
 
     def changed(self, final: bool) -> None:
         """Redraw from `self.report`; called at most every `interval` seconds and at the end."""
