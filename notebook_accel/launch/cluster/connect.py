@@ -62,6 +62,15 @@ def connect(address: str | None) -> str:
     try:
         _init(ray, address)
     except ConnectionError as error:
+        if CLIENT_SERVER_FAILED in str(error):
+            raise ConnectionError(
+                f"cannot connect to the Ray cluster at {address!r}: its Ray Client server "
+                f"failed to start this kernel's side {CLIENT_ATTEMPTS} times in a row "
+                "(ray-project/ray#63202: the process it starts for each new driver can die or "
+                "hang as it starts, more often on a busy head). Run the cell again, or from "
+                "a machine inside the cluster's network connect to the head's own address "
+                f"(host:6379) instead. Ray said: {str(error).splitlines()[0]}"
+            ) from None
         raise ConnectionError(
             f"cannot connect to the Ray cluster at {address!r} ({error}). Start one with "
             "`ray start --head`, pass its address as ray_address, or leave ray_address "

@@ -199,6 +199,19 @@ def test_a_client_server_that_never_starts_fails_after_the_last_attempt():
     assert ray.calls == CLIENT_ATTEMPTS
 
 
+def test_a_client_server_that_never_starts_is_named_with_what_to_do(monkeypatch):
+    ray = FlakyClientServer(failures=CLIENT_ATTEMPTS)
+    ray.is_initialized = lambda: False
+    monkeypatch.setattr(connect_module, "require_ray", lambda: ray)
+    monkeypatch.setattr(connect_module, "_check_reachable", lambda address: None)
+    with pytest.raises(ConnectionError) as raised:
+        connect_module.connect("ray://127.0.0.1:10001")
+    said = str(raised.value)
+    assert f"its Ray Client server failed to start this kernel's side {CLIENT_ATTEMPTS}" in said
+    assert "ray-project/ray#63202" in said and "Run the cell again" in said
+    assert "Start one with `ray start --head`" not in said  # the cluster is there
+
+
 def test_other_refusals_are_not_asked_again():
     ray = FlakyClientServer(failures=1, message="Version mismatch")
     with pytest.raises(ConnectionAbortedError, match="Version mismatch"):
