@@ -1,8 +1,9 @@
 """Memory per rank and step time of each ParallelismConfig layout, against DDP on the
 same processes.
 
-Four gloo workers (one torch thread each) train an MLP (width --width, 4 linear
-layers, AdamW, batch 16 per data-parallel rank) under each layout, and report
+Four gloo workers (one torch thread each) train an MLP (width --width, 3 linear
+layers, AdamW, batch 16 per data-parallel rank; with tp, prepare() splits the first
+two layers by a plan) under each layout, and report
 rank 0's bytes of parameters plus optimizer state (what a layout divides) and
 the median step time after a warm-up; each ratio is against DDP measured in the
 same run. On a 2-core machine four workers share two cores, so the times say
@@ -26,6 +27,7 @@ LAYOUTS = {
     "FSDP (dp_shard 4)": {"dp_shard_size": 4},
     "HSDP (2 x 2)": {"dp_replicate_size": 2, "dp_shard_size": 2},
     "FSDP 2 x TP 2": {"dp_shard_size": 2, "tp_size": 2},
+    "TP 4": {"tp_size": 4},
 }
 WORKERS = 4
 BATCH = 16
@@ -39,22 +41,16 @@ def _model(width: int) -> torch.nn.Module:
 
 def run(sizes: dict | None, width: int, steps: int) -> dict:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel,
-        RowwiseParallel,
-        parallelize_module,
-    )
 
     from notebook_accel import Accelerator, ParallelismConfig
 
     config = ParallelismConfig(**sizes) if sizes else None
     accelerator = Accelerator(parallelism_config=config)
     model = _model(width)
-    if config is not None and config.tp_enabled:
-        plan = {"0": ColwiseParallel(), "2": RowwiseParallel()}
-        parallelize_module(model, accelerator.torch_device_mesh["tp"], plan)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    # Megatron's MLP: the first layer's outputs split over tp, the second's inputs.
+    plan = {"0": "colwise", "2": "rowwise"} if config is not None and config.tp_enabled else None
+    model, optimizer = accelerator.prepare(model, optimizer, tp_plan=plan)
     x, y = torch.randn(BATCH, width), torch.randint(0, 10, (BATCH,))
     times = []
     for _ in range(steps):

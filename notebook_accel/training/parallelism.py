@@ -72,6 +72,7 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
     device_mesh: Any = field(default=None, repr=False, compare=False)
+    _dp_shard_cp_mesh: Any = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
@@ -172,9 +173,13 @@ class ParallelismConfig:
 
     @property
     def fsdp_dim_names(self) -> list[str]:
-        """The dimensions FSDP2 runs over: replicated (HSDP) and sharded."""
+        """The dimensions FSDP2 runs over: replicated (HSDP) and sharded. Without cp the
+        shard dimension is "dp_shard" itself: torch deprecates slicing a flattened
+        dimension out of the whole mesh, which "dp_shard_cp" needs only with cp."""
         names = ["dp_replicate"] if self.dp_replicate_enabled else []
-        return names + (["dp_shard_cp"] if self.dp_shard_cp_dim_names else [])
+        if self.cp_enabled:
+            return [*names, "dp_shard_cp"]
+        return names + (["dp_shard"] if self.dp_shard_enabled else [])
 
     @property
     def active_mesh_dims(self) -> list[str]:
@@ -212,7 +217,8 @@ class ParallelismConfig:
         if self.dp_shard_cp_dim_names:
             # torch's only way to name a group of dimensions as one (Accelerate does the
             # same): FSDP2 then shards over dp_shard x cp as one dimension.
-            mesh[tuple(self.dp_shard_cp_dim_names)]._flatten("dp_shard_cp")
+            flat = mesh[tuple(self.dp_shard_cp_dim_names)]._flatten("dp_shard_cp")
+            self._dp_shard_cp_mesh = flat
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
@@ -231,6 +237,11 @@ class ParallelismConfig:
         """The mesh FSDP2 shards over: 1-D (FSDP) or 2-D replicate x shard (HSDP)."""
         mesh = self.get_device_mesh(device_type)
         names = self.fsdp_dim_names
+        if names == ["dp_shard_cp"]:
+            # kept from _flatten: torch deprecates slicing it out of the whole mesh
+            return self._dp_shard_cp_mesh
+        # With cp, HSDP still slices "dp_shard_cp" out (torch warns): torch has no other
+        # way to pair a flattened dimension with another.
         return mesh[tuple(names)] if len(names) > 1 else mesh[names[0]]
 
 

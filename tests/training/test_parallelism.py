@@ -27,12 +27,14 @@ def test_names_and_sizes_follow_accelerate():
     assert config.total_size == 4 and config.data_parallel_size == 4
     assert config.non_data_parallel_size == 1
     assert config.dp_dim_names == ["dp_replicate", "dp_shard"] == config.active_mesh_dims
-    # FSDP2 shards over dp_shard and cp flattened into one dimension, as in Accelerate
-    assert config.fsdp_dim_names == ["dp_replicate", "dp_shard_cp"]
+    # FSDP2 shards over dp_shard and cp flattened into one dimension, as in Accelerate;
+    # without cp over dp_shard itself (torch deprecates slicing a flattened dimension)
+    assert config.fsdp_dim_names == ["dp_replicate", "dp_shard"]
     assert config.dp_shard_cp_dim_names == ["dp_shard"]
     with_cp = ParallelismConfig(dp_shard_size=2, cp_size=2, tp_size=2)
     assert with_cp.active_mesh_dims == ["dp_shard", "cp", "tp"]
     assert with_cp.dp_shard_cp_dim_names == ["dp_shard", "cp"]
+    assert with_cp.fsdp_dim_names == ["dp_shard_cp"]
     # ranks 0-3 share dp rank 0 (its cp x tp group), 4-7 dp rank 1
     assert [with_cp.data_parallel_rank(rank) for rank in range(8)] == [0] * 4 + [1] * 4
     assert config.dp_replicate_enabled and config.dp_shard_enabled and not config.tp_enabled
