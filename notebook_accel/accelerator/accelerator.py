@@ -46,6 +46,7 @@ from notebook_accel.platforms import os_kernel
 from notebook_accel.reporting.destination import milestone
 from notebook_accel.training import compile as compiling
 from notebook_accel.training import (
+    ddp_teardown,
     device_maps,
     fp8,
     fsdp,
@@ -478,6 +479,7 @@ class Accelerator:
             kwargs = self.state.platform.ddp_kwargs(self.device)
             kwargs.update(self.ddp_kwargs.to_kwargs() if self.ddp_kwargs else {})
             model = DistributedDataParallel(model, **kwargs)
+            ddp_teardown.free_group_after_reducer(model)
             if self.ddp_kwargs is not None:
                 comm_hooks.register(model, self.ddp_kwargs)
         return model

@@ -43,6 +43,8 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.training import ddp_teardown
+
 # How long each worker waits at the store for the others to start forming the group again.
 MEET_SECONDS = 30.0
 
@@ -157,6 +159,7 @@ def move_ddp(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
     module, settings and communication hooks. Returns False (with a warning) if it stays
     on its old group: it must be prepared again."""
     if _moved_by_torch(model, new):
+        ddp_teardown.free_group_after_reducer(model)
         return True
     why_not = _cannot_rebuild(model)
     if why_not:
@@ -171,6 +174,7 @@ def move_ddp(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
         return False
     _warn_rebuild_once()
     _rebuild(model, new)
+    ddp_teardown.free_group_after_reducer(model)
     return True
 
 

@@ -29,6 +29,7 @@ from notebook_accel import WorkerError
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.config.kwargs import DistributedDataParallelKwargs
 from notebook_accel.live import regroup, start_workers
+from notebook_accel.training import ddp_teardown
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -181,6 +182,7 @@ def train_across_a_broken_group(
         and not model.training
         and list(model.parameters()) == parameters,
         "hooks": [hook.__qualname__ for hook, _ in getattr(model, "_comm_hooks", [])],
+        "frees_group_last": ddp_teardown.frees_group_after_reducer(model),
     }
     model.train()
     try:
@@ -263,9 +265,17 @@ def test_a_rebuilt_wrapper_trains_on_the_new_group_as_a_moved_one(sabotage, move
     for result, moved in zip(results, moved_by_torch_results, strict=True):
         assert all(torch.equal(a, b) for a, b in zip(result["grads"], moved["grads"], strict=True))
         assert result["kept"] and result["hook_called"]
+        assert result["frees_group_last"]  # the new group, held after the new reducer
         [warning] = result["warnings"]
         assert "_update_process_group" in warning and torch.__version__ in warning
         assert "built again around the same module" in warning
+
+
+def test_a_model_regroup_moves_holds_its_new_group_after_its_reducer():
+    """A moved model can be freed after the new group is left (ddp_teardown.py)."""
+    results = on_two_ranks(train_across_a_broken_group, moved_by_regroup("nothing"))
+    assert_averaged(results)
+    assert all(result["frees_group_last"] for result in results)
 
 
 def test_a_rebuilt_wrapper_keeps_its_comm_hook_and_names_one_it_cannot_keep():
