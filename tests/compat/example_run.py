@@ -20,6 +20,7 @@ import argparse
 import ast
 import contextlib
 import faulthandler
+import gc
 import io
 import os
 import sys
@@ -84,7 +85,7 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         import torch
 
         torch.set_num_threads(1)
-        _barrier_before_leaving_the_group()
+        _keep_the_group_until_main_returns()
     offline_hub.install()
     # Where a run hangs, its stacks reach the test's output.
     faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
@@ -95,6 +96,8 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
             module = load(Path(script), target)
             sys.argv = [script, *argv]
             module.main()
+        gc.collect()  # main()'s models are gone (a model in a cycle too) ...
+        _groups_left.clear()  # ... and the group's Python object frees it
     except BaseException:
         printed.write(traceback.format_exc())
         raise
@@ -103,27 +106,35 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
 
 
-def _barrier_before_leaving_the_group() -> None:
-    """Accelerate's `end_training` with a barrier first, for its reference runs.
+def _keep_the_group_until_main_returns() -> None:
+    """Accelerate's `end_training`, keeping the group it leaves until `main()` returns.
 
-    It leaves the gloo process group straight after the last collective; then,
-    about one run in ten here, one rank never returns from tearing the group
-    down (in C++, after `training_function` returned) while the other has
-    exited. A barrier right before leaving avoids it (what notebook_accel's own
-    `end_training` and launcher do). What the scripts print is not changed.
+    It leaves the process group while the script's DDP model lives; the model,
+    freed when the training function returns, then frees the group from C++
+    with the GIL held, and about one run in a hundred a rank hangs there for
+    good (notebook_accel/training/ddp_teardown.py has the stacks; torch's
+    pytorch/pytorch#56297). Held here, the group is freed by its Python
+    object, without the GIL, once `main()` has returned. Nothing the scripts
+    print or write changes.
     """
     from accelerate import Accelerator
 
     leave = Accelerator.end_training
-    if getattr(leave, "with_barrier", False):
+    if getattr(leave, "keeps_the_group", False):
         return
 
     def end_training(self) -> None:
-        self.wait_for_everyone()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            _groups_left.append(dist.group.WORLD)
         leave(self)
 
-    end_training.with_barrier = True
+    end_training.keeps_the_group = True
     Accelerator.end_training = end_training
+
+
+_groups_left: list = []
 
 
 def _main() -> None:
