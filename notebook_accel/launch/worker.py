@@ -45,6 +45,7 @@ from notebook_accel.reporting.events import (
     Result,
     WorkerRaised,
 )
+from notebook_accel.training import ddp_teardown
 from notebook_accel.training.nested import to_cpu
 
 _PR_SET_PDEATHSIG = 1
@@ -160,6 +161,8 @@ def worker_main(
     _CHANNEL, _COMMAND_FD = channel, command_fd
     rank = spec.global_rank(local_rank)
     debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
+    # The user's own DDP models too: freed after leaving the group, they can hang (ddp_teardown.py).
+    ddp_teardown.hold_every_models_group_after_its_reducer()
     imports = _ImportReporter(channel, rank, modules_at_fork) if spec.report_imports else None
     # One worker per node reports at milestones (its peers import the same); all at the end.
     early = imports.report if imports is not None and local_rank == 0 else None

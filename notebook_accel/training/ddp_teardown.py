@@ -19,15 +19,22 @@ they were set, the reducer and its logger first, then this one, which then
 holds the group's last reference and frees it without the GIL. A copy or a
 pickle of the model holds no group there (DDP's own pickling drops its group and
 reducer alike).
+
+`prepare()` does it for the models it wraps. A launched worker does it for every DDP
+model made in it (`hold_every_models_group_after_its_reducer`), so a function that
+builds its own (torch's tutorial: `init_process_group`, `DistributedDataParallel`,
+`destroy_process_group()`, return) ends too: it hung 2 launches in 60 before.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch.nn.parallel import DistributedDataParallel
 
 _ATTRIBUTE = "_process_group_freed_last"
+_WRAPPED = "_notebook_accel_frees_group_last"
 
 
 class _GroupHeld:
@@ -58,3 +65,19 @@ def frees_group_after_reducer(model: DistributedDataParallel) -> bool:
         return False
     held_in_cpp = [names.index(name) for name in ("reducer", "logger") if name in names]
     return all(index < names.index(_ATTRIBUTE) for index in held_in_cpp)
+
+
+def hold_every_models_group_after_its_reducer() -> None:
+    """In this process (a launched worker), make every DDP model made from now on free
+    its group after its reducer, however the user made it (once per process)."""
+    init = DistributedDataParallel.__init__
+    if getattr(init, _WRAPPED, False):
+        return
+
+    @functools.wraps(init)
+    def __init__(model: DistributedDataParallel, *args: Any, **kwargs: Any) -> None:
+        init(model, *args, **kwargs)
+        free_group_after_reducer(model)
+
+    setattr(__init__, _WRAPPED, True)
+    DistributedDataParallel.__init__ = __init__
