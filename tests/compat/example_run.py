@@ -20,7 +20,6 @@ import argparse
 import ast
 import contextlib
 import faulthandler
-import gc
 import io
 import os
 import sys
@@ -31,6 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import offline_hub  # noqa: E402
+
+from notebook_accel.training import ddp_teardown  # noqa: E402
 
 HANG_REPORT_SECONDS = 120
 
@@ -85,7 +86,11 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         import torch
 
         torch.set_num_threads(1)
-        _keep_the_group_until_main_returns()
+        # Accelerate's launcher, unlike ours, leaves a DDP model that outlives its group
+        # (end_training) free to hang a rank, about one run in a hundred: its workers
+        # get what ours do (notebook_accel/training/ddp_teardown.py has the stacks;
+        # pytorch/pytorch#56297). Nothing the scripts print or write changes.
+        ddp_teardown.hold_every_models_group_after_its_reducer()
     offline_hub.install()
     # Where a run hangs, its stacks reach the test's output.
     faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
@@ -96,45 +101,12 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
             module = load(Path(script), target)
             sys.argv = [script, *argv]
             module.main()
-        gc.collect()  # main()'s models are gone (a model in a cycle too) ...
-        _groups_left.clear()  # ... and the group's Python object frees it
     except BaseException:
         printed.write(traceback.format_exc())
         raise
     finally:
         faulthandler.cancel_dump_traceback_later()
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
-
-
-def _keep_the_group_until_main_returns() -> None:
-    """Accelerate's `end_training`, keeping the group it leaves until `main()` returns.
-
-    It leaves the process group while the script's DDP model lives; the model,
-    freed when the training function returns, then frees the group from C++
-    with the GIL held, and about one run in a hundred a rank hangs there for
-    good (notebook_accel/training/ddp_teardown.py has the stacks; torch's
-    pytorch/pytorch#56297). Held here, the group is freed by its Python
-    object, without the GIL, once `main()` has returned. Nothing the scripts
-    print or write changes.
-    """
-    from accelerate import Accelerator
-
-    leave = Accelerator.end_training
-    if getattr(leave, "keeps_the_group", False):
-        return
-
-    def end_training(self) -> None:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            _groups_left.append(dist.group.WORLD)
-        leave(self)
-
-    end_training.keeps_the_group = True
-    Accelerator.end_training = end_training
-
-
-_groups_left: list = []
 
 
 def _main() -> None:
