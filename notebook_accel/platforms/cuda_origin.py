@@ -180,8 +180,9 @@ def _from_stack(stack: traceback.StackSummary) -> CudaOrigin:
     )
 
 
-# This package's own directory: its frames are never the culprit.
-_OWN_DIR = os.path.dirname(os.path.realpath(__file__)) + os.sep
+# The package's own directory (not this module's folder): none of its frames is the
+# culprit. An Accelerator() that starts CUDA is named by the user's line that made it.
+_OWN_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 
 
 def _skipped(filename: str) -> bool:

@@ -136,3 +136,17 @@ def test_watching_starts_when_torch_cuda_is_first_imported():
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "True"
+
+
+def test_the_users_line_is_named_when_the_package_itself_started_cuda(runtime_dir):
+    """An `Accelerator()` in a cell starts CUDA from the package's own code (the device
+    of training/state.py): the culprit is the cell's line, not a line of the package."""
+    import traceback
+
+    import notebook_accel.training.state as state
+
+    user = traceback.FrameSummary(__file__, 7, "train", line="accelerator = Accelerator()")
+    package = traceback.FrameSummary(state.__file__, 90, "from_environment", line="device = ...")
+    found = cuda_origin._from_stack(traceback.StackSummary.from_list([user, package]))
+    assert found.library is None
+    assert found.describe() == f"at {__file__}:7: accelerator = Accelerator()"
