@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,14 +73,48 @@ def copy_plan(
     )
 
 
+# A batch smaller than this is copied on the training stream, as a hand-written loop
+# does: its copy takes the GPU a few microseconds, less than the side stream's own
+# bookkeeping costs the host (stream switch, an event, record_stream) in a step that
+# is bound by the host (bench/gpu_breakdown.py, the mlp model). Larger batches (images,
+# long sequences) are copied on the side stream while the previous step trains.
+SIDE_STREAM_MIN_BYTES = 1 << 20
+
+
+class _Queued:
+    """A batch whose copy to the device is queued, with the event that ends its copy
+    on the side stream (None: copied on the training stream, usable as it is)."""
+
+    __slots__ = ("batch", "copied")
+
+    def __init__(self, batch: Any, copied: Any = None) -> None:
+        self.batch = batch
+        self.copied = copied
+
+
+def _nbytes(data: Any) -> int:
+    """Bytes of the tensors in nested lists, tuples and dicts."""
+    if isinstance(data, torch.Tensor):
+        return data.nelement() * data.element_size()
+    if isinstance(data, (list, tuple)):
+        return sum(_nbytes(item) for item in data)
+    if isinstance(data, Mapping):
+        return sum(_nbytes(item) for item in data.values())
+    return 0
+
+
 class BatchMover:
     """Copies batches (nested tensors) to one device, as a `CopyPlan` says.
 
-    `start` queues the copy; `ready` makes the batch safe to use on the stream
-    that trains. With a side `stream` the copy runs there, so the prepared
-    loader can start the next batch's copy before handing out the current batch;
-    `ready` then makes the training stream wait for that copy, and tells the
-    allocator the batch is used there, so its memory is not reused too early.
+    `start` queues the copy and `ready` hands the batch out, usable on the stream
+    that trains. With a side `stream`, a loader's batches of at least
+    `SIDE_STREAM_MIN_BYTES` (its first batch decides) are copied there, so the
+    prepared loader can start the next batch's copy before handing out the current
+    one; `ready` then makes the training stream wait for that batch's own copy (an
+    event recorded after it, not every copy queued so far) and tells the allocator
+    the batch is used there, so its memory is not reused too early. Smaller batches
+    are copied on the training stream: nothing to wait for. Nothing here makes the
+    host wait for the device.
     """
 
     def __init__(
@@ -94,27 +128,33 @@ class BatchMover:
         self.non_blocking = non_blocking
         self.pin = pin
         self.stream = stream
+        self.uses_stream: bool | None = None  # decided by the first batch's size
 
-    def start(self, batch: Any) -> Any:
-        """The batch on the device, its copy queued (on the side stream, if any)."""
+    def start(self, batch: Any) -> _Queued:
+        """The batch's copy to the device, queued (on the side stream, if it pays)."""
         if self.stream is None:
-            return apply_to_tensors(self._copy, batch)
+            return _Queued(apply_to_tensors(self._copy, batch))
+        if self.uses_stream is None:
+            self.uses_stream = _nbytes(batch) >= SIDE_STREAM_MIN_BYTES
+        if not self.uses_stream:
+            return _Queued(apply_to_tensors(self._copy, batch))
         with torch.get_device_module(self.device).stream(self.stream):
-            return apply_to_tensors(self._copy, batch)
+            moved = apply_to_tensors(self._copy, batch)
+            return _Queued(moved, self.stream.record_event())
 
-    def ready(self, batch: Any) -> Any:
-        """`batch`, usable on the current (training) stream."""
-        if self.stream is None:
-            return batch
+    def ready(self, queued: _Queued) -> Any:
+        """The batch of `queued`, usable on the current (training) stream."""
+        if queued.copied is None:
+            return queued.batch
         current = torch.get_device_module(self.device).current_stream(self.device)
-        current.wait_stream(self.stream)
+        current.wait_event(queued.copied)
 
         def used_here(tensor: torch.Tensor) -> torch.Tensor:
             if tensor.device.type == self.device.type:
                 tensor.record_stream(current)
             return tensor
 
-        return apply_to_tensors(used_here, batch)
+        return apply_to_tensors(used_here, queued.batch)
 
     def __getstate__(self) -> dict:
         # A stream cannot be pickled (an Accelerator with its loaders can): a copy
@@ -122,7 +162,8 @@ class BatchMover:
         return {**self.__dict__, "stream": None}
 
     def _copy(self, tensor: torch.Tensor) -> torch.Tensor:
-        if self.pin and tensor.device.type == "cpu" and not tensor.is_pinned():
+        # pin_memory() returns a pinned tensor as it is: no is_pinned() first (a driver call)
+        if self.pin and tensor.device.type == "cpu":
             tensor = tensor.pin_memory()
         return tensor.to(self.device, non_blocking=self.non_blocking)
 
@@ -250,8 +291,8 @@ class DataLoaderShard(DataLoader):
             self.before_transfer()
         return self.mover.start(batch)
 
-    def _ready(self, batch: Any) -> Any:
-        return batch if self.mover is None else self.mover.ready(batch)
+    def _ready(self, queued: Any) -> Any:
+        return queued if self.mover is None else self.mover.ready(queued)
 
     @property
     def _copies_ahead(self) -> bool:

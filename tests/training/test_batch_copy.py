@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, DataLoaderConfiguration, prepare_data_loader
 from notebook_accel.platforms import CpuPlatform
+from notebook_accel.training import loader as loader_module
 from notebook_accel.training.loader import CopyPlan, copy_plan
 
 pytestmark = pytest.mark.timeout(60)
@@ -48,9 +49,19 @@ def test_copy_plan(non_blocking, pins, user_pinned, workers, expected):
 class FakeStream:
     def __init__(self, log: list) -> None:
         self.log = log
+        self.events = 0
 
-    def wait_stream(self, other) -> None:
-        self.log.append(("wait", other.name))
+    def record_event(self) -> str:
+        self.events += 1
+        event = f"{self.name} copy {self.events}"
+        self.log.append(("recorded", event))
+        return event
+
+    def wait_event(self, event: str) -> None:
+        self.log.append(("wait", event))
+
+    def wait_stream(self, other) -> None:  # waits for every copy queued: not to be used
+        self.log.append(("wait for everything on", other.name))
 
 
 class FakeDeviceModule:
@@ -90,9 +101,11 @@ def device_log(monkeypatch):
     log: list = []
     module = FakeDeviceModule(log)
     monkeypatch.setattr(torch, "get_device_module", lambda device=None: module)
-    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: getattr(self, "pinned", False))
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self, *a: log.append(("is_pinned",)))
 
     def pin_memory(self, *args):
+        if getattr(self, "pinned", False):  # as torch's: a pinned tensor comes back as it is
+            return self
         log.append(("pin", self[0].item()))
         pinned = self.clone()
         pinned.pinned = True
@@ -129,26 +142,48 @@ def prepared(loader: DataLoader, log: list, **kwargs):
     )
 
 
-def test_unpinned_loader_is_pinned_in_the_copy_and_copied_ahead(device_log):
+def test_small_batches_are_pinned_and_copied_on_the_training_stream(device_log):
+    """A small batch's copy costs the GPU less than a side stream costs the host: it is
+    queued on the training stream, one batch ahead, with nothing to wait for."""
     loader = prepared(numbers(), device_log)
     assert not loader.pin_memory and loader.mover.pin and loader.mover.non_blocking
     batches = iter(loader)
     first = next(batches)
+    assert device_log == [("pin", 0), ("copy", 0, True), ("pin", 2), ("copy", 2, True)]
+    assert first[0].tolist() == [0, 1] and loader.mover.uses_stream is False
+    assert [b[0].tolist() for b in batches] == [[2, 3], [4, 5]]
+    assert [event[1] for event in device_log if event[0] == "pin"] == [0, 2, 4]
+
+
+def test_large_batches_are_copied_ahead_on_the_side_stream(device_log, monkeypatch):
+    monkeypatch.setattr(loader_module, "SIDE_STREAM_MIN_BYTES", 16)  # 2 int64 numbers
+    loader = prepared(numbers(), device_log)
+    batches = iter(loader)
+    first = next(batches)
     # batch 0 is copied, then batch 1 is read and its copy started on the side stream
-    # before batch 0 is handed out on the training stream
+    # before batch 0 is handed out: the training stream waits for batch 0's copy alone
     assert device_log == [
         ("on", "side"),
         ("pin", 0),
         ("copy", 0, True),
+        ("recorded", "side copy 1"),
         ("on", "side"),
         ("pin", 2),
         ("copy", 2, True),
-        ("wait", "side"),
+        ("recorded", "side copy 2"),
+        ("wait", "side copy 1"),
         ("used on", "current"),
     ]
-    assert first[0].tolist() == [0, 1]
+    assert first[0].tolist() == [0, 1] and loader.mover.uses_stream is True
     assert [b[0].tolist() for b in batches] == [[2, 3], [4, 5]]
-    assert [event[1] for event in device_log if event[0] == "pin"] == [0, 2, 4]
+    waits = [event for event in device_log if event[0].startswith("wait")]
+    assert waits == [("wait", "side copy 1"), ("wait", "side copy 2"), ("wait", "side copy 3")]
+
+
+def test_pinning_asks_no_driver_question_first(device_log):
+    """pin_memory() checks by itself; an is_pinned() before it was a second driver call."""
+    assert [b[0].tolist() for b in prepared(numbers(), device_log)] == [[0, 1], [2, 3], [4, 5]]
+    assert ("is_pinned",) not in device_log
 
 
 def test_a_loader_the_person_pinned_is_not_pinned_again(device_log):
