@@ -127,8 +127,10 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         self.scaler = scaler
         self.platform = platform
         # Whether the last step was skipped, under Accelerate's name: code (Accelerate's
-        # own scheduler tests among it) sets it to say so.
-        self._is_overflow = False
+        # own scheduler tests among it) sets it to say so. After a fused optimizer's
+        # scaled step it is read from the device only when asked (`_found_inf`).
+        self._skipped = False
+        self._found_inf: torch.Tensor | None = None
         self.gradients_unscaled = False  # set by Accelerator.unscale_gradients until the step
         self.gradients_reduced = False  # set by reduce_gradients until the step
         self._stepped = False
@@ -137,6 +139,16 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
     def step_was_skipped(self) -> bool:
         """Whether the last step was skipped (fp16: a gradient overflowed)."""
         return self._is_overflow
+
+    @property
+    def _is_overflow(self) -> bool:
+        if self._found_inf is not None:  # a fused step left the answer on the device
+            self._skipped, self._found_inf = bool(self._found_inf.item()), None
+        return self._skipped
+
+    @_is_overflow.setter
+    def _is_overflow(self, skipped: bool) -> None:
+        self._skipped, self._found_inf = skipped, None
 
     @property
     def state(self) -> Any:
@@ -204,16 +216,24 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
         return result
 
     def _scaled_step(self, closure: Any) -> Any:
-        # GradScaler.step calls optimizer.step only when no gradient overflowed;
-        # a flag set by a temporary wrapper tells us which happened.
+        # GradScaler.step calls a plain optimizer's step only when no gradient
+        # overflowed, which it learns by reading the overflow flag from the device
+        # (torch's own synchronisation, the same in a hand-written loop); a flag set by
+        # a temporary wrapper tells us which happened. A fused optimizer (fused=True)
+        # is always called, with the flag set on it as `found_inf` (torch's contract for
+        # optimizers with `_step_supports_amp_scaling`), and skips on the device:
+        # nothing waits, and `step_was_skipped` reads the flag only when asked (a
+        # prepared scheduler asks at each step, to stay put after a skipped one).
         inner = self.optimizer
         had_own_step = "step" in vars(inner)
         original = inner.step
         stepped = False
+        found_inf = None
 
         def flagged_step(*args: Any, **kwargs: Any) -> Any:
-            nonlocal stepped
+            nonlocal stepped, found_inf
             stepped = True
+            found_inf = getattr(inner, "found_inf", None)
             return original(*args, **kwargs)
 
         inner.step = flagged_step
@@ -228,6 +248,8 @@ class AcceleratedOptimizer(torch.optim.Optimizer):
             else:
                 del inner.step
         self._is_overflow = not stepped
+        if found_inf is not None:
+            self._found_inf = found_inf
         self.gradients_unscaled = False
         return result
 
