@@ -16,6 +16,7 @@ of the ratios of passes run next to each other:
     python bench/step.py [--steps 60] [--rounds 15]   one launch, loops take turns
     python bench/step.py --separate [--rounds 5]      each pass in a launch of its own
     python bench/step.py --breakdown                  where a step's time goes
+    python bench/step.py --breakdown --width 16       the same on a tiny, overhead-bound MLP
 """
 
 from __future__ import annotations
@@ -240,7 +241,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=15, help="passes of each loop")
     parser.add_argument("--separate", action="store_true", help="each pass in its own launch")
     parser.add_argument("--breakdown", action="store_true", help="time each phase of a step")
+    parser.add_argument("--width", type=int, default=WIDTH, help="the MLP's width")
     options = parser.parse_args()
+    global WIDTH
+    WIDTH = options.width  # the workers are forked: they see it
     setup = f"{WORKERS} gloo workers, MLP width {WIDTH}, batch {BATCH}/process"
     if options.breakdown:
         result = notebook_launcher(

@@ -92,3 +92,20 @@ def test_ratios_compare_with_the_hand_written_loop_and_fp8_with_its_bf16():
     assert "| wide | notebook_accel | fp8 | no | 52.0 | 1.30x | 1.33x | 4/4 | 100 |" in table
     assert "| lm | accelerate | fp8 | no | - | accelerate is not installed |" in table
     assert table.endswith("forked worker: 2.81 s, then 0.52 s.")
+
+
+@pytest.mark.timeout(240)
+def test_the_breakdown_dry_run_prints_each_view():
+    """bench/gpu_breakdown.py on tiny models on the CPU: the loops with one part prepared
+    at a time, the calls per step, and (without CUDA) the sync view says it needs a GPU."""
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT.with_name("gpu_breakdown.py")), "--dry-run"],
+        capture_output=True,
+        text=True,
+        timeout=220,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in ("lm bf16: steps/s", "mlp no: steps/s", "all prepared", "loader prepared"):
+        assert line in done.stdout
+    assert "lm bf16: calls per step" in done.stdout
+    assert "syncs: needs a CUDA device" in done.stdout

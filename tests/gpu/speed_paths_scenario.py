@@ -120,13 +120,14 @@ def loaders() -> dict:
             **loader_values(prepared),
         }
     results["expected"] = data.tolist()
-    results["race_free"] = copies_ahead_without_races(accelerator)
+    results["race_free"], results["race_on_side_stream"] = copies_ahead_without_races(accelerator)
     return results
 
 
-def copies_ahead_without_races(accelerator) -> bool:
+def copies_ahead_without_races(accelerator) -> tuple[bool, bool]:
     """Large batches copied on the side stream while long kernels run on the training
-    stream: each batch's sum must be its own (a missing wait would read a half copy)."""
+    stream: each batch's sum must be its own (a missing wait would read a half copy).
+    Also whether the 16 MiB batches did take the side stream."""
     accelerator.dataloader_config = type(accelerator.dataloader_config)()
     rows = torch.arange(8, dtype=torch.float32).repeat_interleave(4 << 20).view(8, -1)
     loader = accelerator.prepare(DataLoader(TensorDataset(rows), batch_size=1))
@@ -137,7 +138,8 @@ def copies_ahead_without_races(accelerator) -> bool:
             heavy = (heavy @ heavy).tanh_()
         sums.append(batch.sum().item())
     expected = [float(i * (4 << 20)) for i in range(8)]
-    return all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(sums, expected, strict=True))
+    intact = all(math.isclose(a, b, rel_tol=1e-6) for a, b in zip(sums, expected, strict=True))
+    return intact, bool(loader.mover.uses_stream)
 
 
 def attempt(fn) -> dict:

@@ -93,4 +93,5 @@ def test_batches_already_on_the_gpu_and_blocking_copies_still_work(loaders):
 
 
 def test_copies_ahead_never_hand_out_a_half_copied_batch(loaders):
+    assert loaders["race_on_side_stream"]  # 16 MiB batches: copied on the side stream
     assert loaders["race_free"]
