@@ -19,8 +19,12 @@ forked worker is measured, twice (the second launch is warm).
     python bench/gpu.py --dry-run     # tiny models on the CPU: checks the script only
 
 It prints a markdown table (the README's GPU table comes from it) and writes
-the figures as JSON. `--budget` bounds the whole run in seconds: rounds stop
-early (and say so) when the next one would not fit.
+the figures as JSON. A second table holds the ratios held to >= 0.98x (lm bf16 and
+fp16, mlp fp32) measured in paired blocks: the prepared and the hand-written loop
+alternate blocks of a few steps, so host drift moves both alike; the hand-written
+loop against a copy of itself gives the noise floor (`--pairs`, 0 for none).
+`--budget` bounds the rounds in seconds: they stop early (and say so) when the
+next one would not fit; the paired blocks take about 30 s more.
 """
 
 from __future__ import annotations
@@ -412,6 +416,94 @@ def measure_rounds(
     return results, done
 
 
+# -- paired blocks: the ratios the goal names, with host drift cancelled ----------------
+
+# The comparisons held to >= 0.98x of the hand-written loop, and a control: the
+# hand-written loop against a second copy of itself, the noise floor of the others.
+PAIRS = [
+    ("lm", "bf16", "notebook_accel"),
+    ("lm", "fp16", "notebook_accel"),
+    ("mlp", "no", "notebook_accel"),
+    ("lm", "bf16", "hand-written"),
+    ("mlp", "no", "hand-written"),
+]
+BLOCK_STEPS = {"lm": 8, "mlp": 40}
+
+
+def timed_block(run: Run, steps: int, device: torch.device) -> float:
+    synchronize(device)
+    started = time.perf_counter()
+    for _ in range(steps):
+        next(run.steps)
+    synchronize(device)
+    return time.perf_counter() - started
+
+
+def paired(model: str, precision: str, loop: str, sizes: Sizes, device, pairs: int) -> dict:
+    """`loop` against the hand-written loop, both built at once, in alternating blocks
+    of a few steps (ABBA order). A machine whose host speed drifts by 10-20% within
+    seconds moves both sides of a pair alike, so the median of the per-pair ratios
+    is steadier than a ratio of medians of separate runs."""
+    block = 2 if sizes is TINY else BLOCK_STEPS[model]
+    warmup = sizes.warmup[model]
+    batches = warmup + pairs * block
+    reference = hand_written(Variant(model, "hand-written", precision), sizes, device, batches)
+    candidate = LOOPS[loop](Variant(model, loop, precision), sizes, device, batches)
+    try:
+        for _ in range(warmup):
+            next(reference.steps)
+            next(candidate.steps)
+        ratios = []
+        for index in range(pairs):
+            if index % 2 == 0:
+                ours, theirs = (
+                    timed_block(candidate, block, device),
+                    timed_block(reference, block, device),
+                )
+            else:
+                theirs = timed_block(reference, block, device)
+                ours = timed_block(candidate, block, device)
+            ratios.append(theirs / ours)  # steps/s of ours over the hand-written loop's
+        return {"median": statistics.median(ratios), "ratios": ratios, "block_steps": block}
+    finally:
+        candidate.close()
+        reference.close()
+
+
+def paired_ratios(sizes: Sizes, device: torch.device, pairs: int) -> list[dict]:
+    found = []
+    for model, precision, loop in PAIRS:
+        row = {"model": model, "precision": precision, "loop": loop}
+        try:
+            row.update(paired(model, precision, loop, sizes, device, pairs))
+        except Exception as error:  # noqa: BLE001 - reported in the table instead
+            row["error"] = f"{type(error).__name__}: {error}"
+        found.append(row)
+        gc.collect()
+    return found
+
+
+def paired_markdown(rows: list[dict], pairs: int) -> str:
+    lines = [
+        f"Paired blocks ({pairs} pairs, ABBA order): steps/s against the hand-written loop, "
+        "median of the per-pair ratios; the hand-written rows are the noise floor.",
+        "",
+        "| model | precision | loop | median | lowest | highest |",
+        "|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(
+                f"| {row['model']} | {row['precision']} | {row['loop']} | {row['error']} | | |"
+            )
+            continue
+        lines.append(
+            f"| {row['model']} | {row['precision']} | {row['loop']} | {row['median']:.3f}x | "
+            f"{min(row['ratios']):.3f}x | {max(row['ratios']):.3f}x |"
+        )
+    return "\n".join(lines)
+
+
 # -- call -> first step of a forked worker -------------------------------------------
 
 
@@ -563,6 +655,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--budget", type=float, default=240.0, help="seconds for the whole run")
+    parser.add_argument(
+        "--pairs", type=int, default=16, help="paired blocks per comparison (0: none)"
+    )
     parser.add_argument("--json", default="bench-gpu.json", help="where to write the figures")
     parser.add_argument(
         "--dry-run", action="store_true", help="tiny models on the CPU, one round: no figures"
@@ -581,13 +676,18 @@ def main(argv: list[str] | None = None) -> None:
     budget = options.budget - (time.perf_counter() - started)
     results, done = measure_rounds(variants(), sizes, device, rounds, budget, options.dry_run)
     facts = {**environment(device), "rounds_done": done, "rounds_asked": rounds}
-    facts["seconds"] = round(time.perf_counter() - started, 1)
     rows = rows_of(results)
+    pairs = 2 if options.dry_run else options.pairs
+    paired_rows = paired_ratios(sizes, device, pairs) if pairs else []
+    facts["seconds"] = round(time.perf_counter() - started, 1)
     print(markdown(rows, facts, launch))
+    if paired_rows:
+        print("\n" + paired_markdown(paired_rows, pairs))
     if done < rounds:
         print(f"\n(the {options.budget:.0f} s budget allowed {done} of {rounds} rounds)")
     with open(options.json, "w") as out:
-        json.dump({"environment": facts, "launch": launch, "rows": rows}, out, indent=1)
+        figures = {"environment": facts, "launch": launch, "rows": rows, "paired": paired_rows}
+        json.dump(figures, out, indent=1)
     print(f"\nfigures written to {options.json} ({facts['seconds']} s)")
 
 

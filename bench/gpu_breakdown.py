@@ -190,7 +190,7 @@ def synchronisations(model_name: str, precision: str, sizes: Any, device) -> col
         shown = warnings.showwarning
 
         def record(message, category, filename, lineno, file=None, line=None):
-            if "synchronizing" in str(message).lower() or "synchron" in str(message):
+            if "called a synchronizing CUDA operation" in str(message):
                 stack = traceback.extract_stack()[:-2]
                 frames = [f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in stack[-6:]]
                 found[f"{str(message)[:60]} | " + " < ".join(reversed(frames))] += 1

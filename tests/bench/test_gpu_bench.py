@@ -45,6 +45,17 @@ def test_dry_run_trains_every_loop_and_writes_the_table(tmp_path):
     assert all(row["skipped"] for row in rows if row["precision"] == "fp8" or row["compiled"])
     assert figures["launch"] == {"skipped": "dry run"}
     assert figures["environment"]["rounds_done"] == 1
+    # the paired comparisons: ours against hand-written, and the hand-written control
+    paired = figures["paired"]
+    assert [(row["model"], row["loop"]) for row in paired] == [
+        ("lm", "notebook_accel"),
+        ("lm", "notebook_accel"),
+        ("mlp", "notebook_accel"),
+        ("lm", "hand-written"),
+        ("mlp", "hand-written"),
+    ]
+    assert all(len(row["ratios"]) == 2 and row["median"] > 0 for row in paired), paired
+    assert "| model | precision | loop | median | lowest | highest |" in done.stdout
 
 
 @pytest.mark.timeout(30)

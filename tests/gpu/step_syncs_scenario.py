@@ -58,7 +58,7 @@ def prepared_steps(precision: str, fused: bool, batches: str, accumulation: int,
         shown = warnings.showwarning
 
         def record(message, category, filename, lineno, file=None, line=None):
-            if "synchroniz" in str(message):
+            if "called a synchronizing CUDA operation" in str(message):
                 frames = traceback.extract_stack()[:-1]
                 found.append(" < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-5:]))
             else:
