@@ -108,21 +108,68 @@ def start_cluster(
     head_cpus: int = 1,
 ) -> LocalCluster:
     """A head of `head_cpus` CPUs and `nodes - 1` more nodes of 1 CPU each (or
-    `node_args`); this process connects as a driver."""
+    `node_args`); this process connects as a driver.
+
+    Every port the head listens on is a free one of its own (another Ray cluster on
+    this machine holds Ray's defaults: 6379, the dashboard's 8265, its agent's 52365).
+    A start that fails ends every process it started before the error is raised.
+    """
+    running_before = {child.pid for child in psutil.Process().children(recursive=True)}
     head_disk = directory / "node0"
     head_disk.mkdir(parents=True)
-    head_args = {**NODE_ARGS, "num_cpus": head_cpus, "env_vars": {"NODE_DISK": str(head_disk)}}
-    # Ray Client's server on the head, for drivers that connect with ray://.
-    head_args["ray_client_server_port"] = free_port()
+    head_args = {
+        **NODE_ARGS,
+        "num_cpus": head_cpus,
+        "env_vars": {"NODE_DISK": str(head_disk)},
+        # Ray Client's server on the head, for drivers that connect with ray://; the
+        # dashboard (Ray's state API reads through it) and the head's dashboard agent.
+        "ray_client_server_port": free_port(),
+        "dashboard_port": free_port(),
+        "dashboard_agent_listen_port": free_port(),
+    }
     if fast_health_checks:
         head_args["_system_config"] = FAST_HEALTH_CHECKS
-    cluster = Cluster(initialize_head=True, head_node_args=head_args)
-    local = LocalCluster(cluster, directory, {cluster.head_node.node_id: head_disk})
-    for _ in range(nodes - 1):
-        local.add_node(**(node_args or {}))
-    cluster.wait_for_nodes()
-    ray.init(address=cluster.address, log_to_driver=False)
+    cluster = None
+    try:
+        cluster = Cluster(initialize_head=True, head_node_args=head_args)
+        local = LocalCluster(cluster, directory, {cluster.head_node.node_id: head_disk})
+        for _ in range(nodes - 1):
+            local.add_node(**(node_args or {}))
+        cluster.wait_for_nodes()
+        ray.init(address=cluster.address, log_to_driver=False)
+    except BaseException:
+        _end_a_failed_start(cluster, running_before)
+        raise
     return local
+
+
+def _end_a_failed_start(cluster: Cluster | None, running_before: set[int]) -> None:
+    """Stop what a failed start left running: the nodes Ray knows of, then, by PID,
+    every process this start made that is still there (a head that never registered
+    is not in `cluster`: its gcs_server and log_monitor would run on for the session)."""
+    ray.shutdown()
+    if cluster is not None:
+        try:
+            cluster.shutdown()
+        except Exception:  # noqa: BLE001 - the processes are ended below either way
+            pass
+    started = [
+        child
+        for child in psutil.Process().children(recursive=True)
+        if child.pid not in running_before
+    ]
+    for child in started:
+        try:
+            child.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(started, timeout=5)
+    for child in alive:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def stop_cluster(local: LocalCluster) -> None:

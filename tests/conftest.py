@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
 from notebook_accel.launch.template import shutdown_template  # noqa: E402
-from tests_support import live_children  # noqa: E402
+from tests_support import live_children, mark_test_start  # noqa: E402
 
 
 @pytest.fixture(params=["fork", "forkserver", "spawn"])
@@ -31,7 +31,10 @@ def each_start_method(request, monkeypatch) -> Iterator[str]:
 
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
-    before = {child.pid for child in live_children(template=True)}
+    """Every process a test started is gone when it ends; the test that left one is the
+    one that fails. What ran before the test (a module's kernel or cluster, whatever an
+    earlier test or another program left) is not this test's to count."""
+    before = mark_test_start()
     yield
     # Children of a finished launch are already reaped; allow a moment for
     # processes a test itself started and is shutting down (kernels, servers).

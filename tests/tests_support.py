@@ -4,9 +4,33 @@ from __future__ import annotations
 
 import psutil
 
+# This process's descendants when the running test began (set by tests/conftest.py):
+# what a test checks for "nothing left" is what it started, never what an earlier
+# test or another program beside the suite left running.
+_present_at_test_start: set[int] = set()
+
+
+def mark_test_start() -> set[int]:
+    """Remember the descendants alive now as the running test's starting point."""
+    global _present_at_test_start
+    _present_at_test_start = {child.pid for child in _descendants()}
+    return set(_present_at_test_start)
+
+
+def _descendants() -> list[psutil.Process]:
+    alive = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.status() != psutil.STATUS_ZOMBIE:
+                alive.append(child)
+        except psutil.Error:
+            pass
+    return alive
+
 
 def live_children(template: bool = False) -> list[psutil.Process]:
-    """This process's descendants that are still running (zombies excluded).
+    """This process's descendants that the running test started and that still run
+    (zombies excluded).
 
     The template process of start method "forkserver" (launch/template.py) lasts
     from one launch to the next on purpose: it is left out unless `template`
@@ -15,14 +39,11 @@ def live_children(template: bool = False) -> list[psutil.Process]:
     from notebook_accel.launch.template import template_status
 
     skip = None if template else template_status().pid
-    alive = []
-    for child in psutil.Process().children(recursive=True):
-        try:
-            if child.pid != skip and child.status() != psutil.STATUS_ZOMBIE:
-                alive.append(child)
-        except psutil.Error:
-            pass
-    return alive
+    return [
+        child
+        for child in _descendants()
+        if child.pid != skip and child.pid not in _present_at_test_start
+    ]
 
 
 def run_together(commands: list[list[str]], timeout: float) -> list[tuple[int, str, str]]:

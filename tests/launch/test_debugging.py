@@ -128,9 +128,33 @@ def test_pythonbreakpoint_0_turns_breakpoints_off(user, monkeypatch):
     assert player.prompts == []
 
 
-def test_time_at_a_prompt_does_not_count_towards_the_timeout(user):
-    user(lambda: time.sleep(4) or "c")
-    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=3)
+class LaunchClock:
+    """The launching process's clock (the supervisor's `time`), which the test can move
+    forward as if a person had sat at a prompt that long: no wall-clock race, however
+    busy the machine (a fresh interpreter alone can take seconds there)."""
+
+    def __init__(self) -> None:
+        self.ahead = 0.0
+
+    def monotonic(self) -> float:
+        return time.monotonic() + self.ahead
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+def test_time_at_a_prompt_does_not_count_towards_the_timeout(user, monkeypatch):
+    from notebook_accel.launch import supervisor
+
+    clock = LaunchClock()
+    monkeypatch.setattr(supervisor, "time", clock)
+
+    def an_hour_at_the_prompt() -> str:
+        clock.ahead += 3600
+        return "c"
+
+    user(an_hour_at_the_prompt)
+    result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
     assert result == [1.0, 2.0, 20.0, 40.0]
 
 

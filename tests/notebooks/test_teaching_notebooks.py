@@ -171,5 +171,7 @@ def test_runs_top_to_bottom(path, tmp_path):
     expected = [] if torch.cuda.device_count() else EXPECTED_WITHOUT_GPUS.get(path.name, [])
     for line in expected:
         assert line in text, f"{path.name} did not print {line!r}; it printed:\n{text}"
+    # How long it took is shown (the slowest tests are listed at the end of every run)
+    # but not held to a figure: a busy machine can double it. bench/notebooks.py
+    # measures it against a trivial notebook run in the same way.
     print(f"{path.name}: {took:.1f} s")
-    assert took < 60, f"{path.name} took {took:.0f} s; a teaching notebook must take under a minute"

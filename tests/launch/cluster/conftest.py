@@ -16,7 +16,7 @@ from cluster_support import (
     wait_until_nothing_is_left,
 )
 from notebook_accel import release_cluster
-from tests_support import live_children
+from tests_support import live_children, mark_test_start
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def no_leftover_processes(request) -> Iterator[None]:
     workers) may come and go; the test's agents, placement group and workers may not."""
     uses_cluster = "ray_cluster" in request.fixturenames
     local = request.getfixturevalue("ray_cluster") if uses_cluster else None
-    before = {child.pid for child in live_children()}
+    before = mark_test_start()
     yield
     if local is None:  # as the suite's own check does
         deadline = time.monotonic() + 5
