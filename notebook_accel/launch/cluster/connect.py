@@ -156,7 +156,63 @@ def _start_local(ray: Any) -> None:
         constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the setting
     # At least 2 CPUs: a launch's default is 2 CPU workers, on one core too (they share it).
     cpus = max(2, os.cpu_count() or 1)
-    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False, logging_level="warning")
+    running_before = _descendants()
+    try:
+        # "local": a new cluster of this kernel's own, even where another runs on this
+        # machine (without it, ray.init joins the one `ray start` left its address for).
+        ray.init(
+            address="local",
+            num_cpus=cpus,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="warning",
+        )
+    except Exception as error:
+        _end_failed_start(ray, running_before)
+        said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
+        raise RuntimeError(
+            "cluster='ray' without ray_address starts a Ray cluster of this machine alone, "
+            f"and it did not start (Ray said: {said or type(error).__name__}). Everything it "
+            "had started was stopped. Ray gives its processes 30 s to start, which a busy "
+            "machine can miss: run the cell again once the load eases. To use a Ray "
+            "cluster already running on this machine, pass ray_address='auto'."
+        ) from error
+
+
+def _descendants() -> set[int]:
+    import psutil
+
+    return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def _end_failed_start(ray: Any, running_before: set[int]) -> None:
+    """Stop what a failed local start left running: a head whose node never registered
+    is not known to ray.shutdown(), so its processes (this process's children) are
+    ended by PID."""
+    import psutil
+
+    try:
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - its processes are ended below either way
+        pass
+    started = []
+    for pid in _descendants() - running_before:
+        try:
+            started.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for process in started:
+        try:
+            process.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(started, timeout=5)
+    for process in alive:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(alive, timeout=5)
 
 
 def _check_reachable(address: str) -> None:

@@ -1,0 +1,82 @@
+"""cluster='ray' without an address: the kernel's own Ray cluster of this machine.
+
+Each case runs in a fresh interpreter (the test process is already a driver of the
+suite's cluster): beside another Ray cluster that holds Ray's default ports, the
+kernel starts a cluster of its own rather than joining that one; and a start that
+fails (a node that never registers, as on a machine too busy for Ray's 30 s) ends
+every process it started and says why, with what to do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(180)
+
+# A node whose processes start but which never registers: Ray's own start runs, then
+# fails where its wait for the node would (this process's children are Ray's).
+FAILED_START = """
+import json, psutil, ray._private.node as node
+from notebook_accel.launch.cluster import connect
+
+real = node.Node.start_ray_processes
+
+def started_then_lost(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    raise Exception("The current node timed out during startup.")
+
+node.Node.start_ray_processes = started_then_lost
+try:
+    connect.connect(None)
+    message = None
+except RuntimeError as error:
+    message = str(error)
+left = [c.name() for c in psutil.Process().children(recursive=True)
+        if c.status() != psutil.STATUS_ZOMBIE]
+print("RESULT " + json.dumps({"message": message, "left": left}))
+"""
+
+OWN_CLUSTER = """
+import json, ray
+from notebook_accel.launch.cluster import connect
+
+said = connect.connect(None)
+address = ray.get_runtime_context().gcs_address
+print("RESULT " + json.dumps({"said": said, "address": address}))
+ray.shutdown()
+"""
+
+
+def run(script: str, env: dict | None = None) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=150,
+        env={**os.environ, **(env or {})},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
+    return json.loads(line[len("RESULT ") :])
+
+
+def test_a_failed_start_stops_what_it_started_and_says_what_to_do():
+    result = run(FAILED_START)
+    assert result["left"] == []  # no gcs_server, raylet or log_monitor runs on
+    message = result["message"]
+    assert message.startswith("cluster='ray' without ray_address starts a Ray cluster")
+    assert "timed out during startup" in message
+    assert "run the cell again" in message and "ray_address='auto'" in message
+
+
+def test_the_kernel_starts_its_own_cluster_beside_another(ray_cluster):
+    """Another cluster runs on this machine and left its address where `ray.init()`
+    looks (the suite's, started with ray.cluster_utils): the kernel's is a new one."""
+    result = run(OWN_CLUSTER, env={"RAY_ADDRESS": ""})
+    assert result["said"] == "a Ray cluster of this machine alone"
+    assert result["address"] != ray_cluster.address
