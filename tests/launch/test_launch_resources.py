@@ -21,13 +21,18 @@ def all_reduce_once():
     return value.item()
 
 
-def test_twenty_launches_do_not_grow_fds_threads_or_children():
+# Launches in a row: enough to show growth; fresh interpreters cost ~2 s a launch, so
+# fewer of those (each still starts, runs and ends two workers).
+LAUNCHES = {"fork": 20, "forkserver": 20, "spawn": 8}
+
+
+def test_launches_in_a_row_do_not_grow_fds_threads_or_children(each_start_method):
     me = psutil.Process()
     assert (
         notebook_launcher(all_reduce_once, num_processes=2, backend="cpu") == 2.0
     )  # warm up imports
     fds, threads = me.num_fds(), me.num_threads()
-    for _ in range(20):
+    for _ in range(LAUNCHES[each_start_method]):
         assert notebook_launcher(all_reduce_once, num_processes=2, backend="cpu") == 2.0
     assert me.num_fds() <= fds
     assert me.num_threads() <= threads
