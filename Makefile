@@ -18,16 +18,31 @@ BIN := $(VENV)/bin
 # 0 lets the browser tests skip where chromium cannot be installed.
 REQUIRE_BROWSER_TESTS ?= 1
 PYTEST_ARGS ?=
+# Test processes side by side: two on the 2-core machines the suite is sized for.
+TEST_WORKERS ?= 2
 # Where `make docs` puts the site.
 SITE ?= site
 
-.PHONY: demo test env browser trackers docs
+# What `make test-quick` leaves out: the slowest parts, each needing a service or a
+# fresh environment (a browser, Ray clusters, Jupyter kernels, the docs site, the
+# torch_xla environment, Accelerate's reference runs, a fresh Binder environment).
+QUICK_LEAVES_OUT := tests/browser tests/launch/cluster tests/notebooks tests/docs tests/xla \
+	tests/compat tests/test_binder.py
+
+.PHONY: demo test test-quick env browser trackers docs
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m notebook_accel.demo
 
+# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one
+# of them (its module fixtures: a Ray cluster, a kernel, a site build are made once).
 test: $(VENV)/.installed browser trackers
-	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(PYTEST_ARGS)
+	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest \
+	    -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# For development only: CI runs `make test`, the whole proof.
+test-quick: $(VENV)/.installed
+	$(BIN)/python -m pytest $(addprefix --ignore=,$(QUICK_LEAVES_OUT)) $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 
