@@ -235,6 +235,11 @@ def _print_rates(rates: dict[str, float], drift: dict, threads: int, header: str
     print("all loops reach the same weights")
 
 
+def _set_width(width: int) -> None:
+    global WIDTH
+    WIDTH = width  # the workers are forked: they see it
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60, help="steps per pass")
@@ -243,8 +248,7 @@ def main() -> None:
     parser.add_argument("--breakdown", action="store_true", help="time each phase of a step")
     parser.add_argument("--width", type=int, default=WIDTH, help="the MLP's width")
     options = parser.parse_args()
-    global WIDTH
-    WIDTH = options.width  # the workers are forked: they see it
+    _set_width(options.width)
     setup = f"{WORKERS} gloo workers, MLP width {WIDTH}, batch {BATCH}/process"
     if options.breakdown:
         result = notebook_launcher(
