@@ -80,8 +80,8 @@ def left_behind(before: set[int], load: set[int]) -> list[str]:
         info = process.info
         if info["pid"] in before or info["pid"] in load or info["pid"] == os.getpid():
             continue
-        if info["status"] == psutil.STATUS_ZOMBIE:
-            continue
+        if info["status"] == psutil.STATUS_ZOMBIE or not info["cmdline"]:
+            continue  # a zombie, or a kernel thread (no command line)
         found.append(f"{info['pid']} {' '.join(info['cmdline'] or [info['name'] or '?'])[:160]}")
     return found
 
