@@ -24,6 +24,8 @@ import time
 
 import psutil
 
+from notebook_accel.launch.cluster.connect import end_processes
+
 # Keeps a Ray cluster on 127.0.0.1, as Ray does on macOS and Windows.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 SPIN = "while True: pass"
@@ -55,21 +57,6 @@ def ray_processes(temp_dir: str) -> list[psutil.Process]:
         except psutil.Error:
             pass
     return found
-
-
-def end(processes: list[psutil.Process]) -> None:
-    for process in processes:
-        try:
-            process.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(processes, timeout=10)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=10)
 
 
 def left_behind(before: set[int], load: set[int]) -> list[str]:
@@ -109,9 +96,9 @@ def main() -> int:
         status = subprocess.call(command)
         took = time.monotonic() - started
     finally:
-        end([psutil.Process(p.pid) for p in busy if p.poll() is None])
+        end_processes({p.pid for p in busy}, seconds=10)
         if not options.no_ray:
-            end(ray_processes(temp_dir))
+            end_processes({p.pid for p in ray_processes(temp_dir)}, seconds=10)
     leftover = left_behind(before, load)
     print(f"the command ended with {status} after {took:.0f} s")
     if leftover:

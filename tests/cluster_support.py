@@ -28,6 +28,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from notebook_accel import release_cluster  # noqa: E402
+from notebook_accel.launch.cluster.connect import descendant_pids, end_processes  # noqa: E402
 from tests_support import free_port  # noqa: E402
 
 # Small nodes, as the machines of a real cluster would be for these tiny models.
@@ -114,7 +115,7 @@ def start_cluster(
     this machine holds Ray's defaults: 6379, the dashboard's 8265, its agent's 52365).
     A start that fails ends every process it started before the error is raised.
     """
-    running_before = {child.pid for child in psutil.Process().children(recursive=True)}
+    running_before = descendant_pids()
     head_disk = directory / "node0"
     head_disk.mkdir(parents=True)
     head_args = {
@@ -153,23 +154,7 @@ def _end_a_failed_start(cluster: Cluster | None, running_before: set[int]) -> No
             cluster.shutdown()
         except Exception:  # noqa: BLE001 - the processes are ended below either way
             pass
-    started = [
-        child
-        for child in psutil.Process().children(recursive=True)
-        if child.pid not in running_before
-    ]
-    for child in started:
-        try:
-            child.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(started, timeout=5)
-    for child in alive:
-        try:
-            child.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    end_processes(descendant_pids() - running_before)
 
 
 def stop_cluster(local: LocalCluster) -> None:

@@ -156,7 +156,7 @@ def _start_local(ray: Any) -> None:
         constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the setting
     # At least 2 CPUs: a launch's default is 2 CPU workers, on one core too (they share it).
     cpus = max(2, os.cpu_count() or 1)
-    running_before = _descendants()
+    running_before = descendant_pids()
     try:
         # "local": a new cluster of this kernel's own, even where another runs on this
         # machine (without it, ray.init joins the one `ray start` left its address for).
@@ -179,40 +179,43 @@ def _start_local(ray: Any) -> None:
         ) from error
 
 
-def _descendants() -> set[int]:
+def descendant_pids() -> set[int]:
+    """The PIDs of this process's descendants now."""
     import psutil
 
     return {child.pid for child in psutil.Process().children(recursive=True)}
+
+
+def end_processes(pids: set[int], seconds: float = 5.0) -> None:
+    """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
+    import psutil
+
+    processes = []
+    for pid in pids:
+        try:
+            processes.append(psutil.Process(pid))
+        except psutil.Error:
+            pass
+    for signal_them in (psutil.Process.terminate, psutil.Process.kill):
+        for process in processes:
+            try:
+                signal_them(process)
+            except psutil.Error:
+                pass
+        _, processes = psutil.wait_procs(processes, timeout=seconds)
+        if not processes:
+            return
 
 
 def _end_failed_start(ray: Any, running_before: set[int]) -> None:
     """Stop what a failed local start left running: a head whose node never registered
     is not known to ray.shutdown(), so its processes (this process's children) are
     ended by PID."""
-    import psutil
-
     try:
         ray.shutdown()
     except Exception:  # noqa: BLE001 - its processes are ended below either way
         pass
-    started = []
-    for pid in _descendants() - running_before:
-        try:
-            started.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    for process in started:
-        try:
-            process.terminate()
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(started, timeout=5)
-    for process in alive:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(alive, timeout=5)
+    end_processes(descendant_pids() - running_before)
 
 
 def _check_reachable(address: str) -> None:
