@@ -27,9 +27,12 @@ class User:
     def __init__(self, *answers):
         self.answers = list(answers)
         self.prompts: list[str] = []
+        self.answer = None  # or a function of the prompt, for answers that depend on it
 
     def __call__(self, prompt: str = "") -> str:
         self.prompts.append(prompt)
+        if self.answer is not None:
+            return self.answer(prompt)
         if not self.answers:
             raise EOFError
         answer = self.answers.pop(0)
@@ -80,15 +83,31 @@ def each_rank_asks():
     return name
 
 
+def answer_by_prompt(prompt: str) -> str:
+    """The user reads each prompt before answering it: the ranks reach their prompts in
+    any order (rank 0 may be at its debugger before rank 1 has asked its name)."""
+    if prompt.endswith("(Pdb) "):
+        return "c"
+    return {"[rank 0] rank 0, your name? ": "ada", "[rank 1] rank 1, your name? ": "grace"}[prompt]
+
+
 def test_every_rank_s_prompt_says_which_rank_and_input_in_a_worker_is_answered(user):
-    player = user("ada", "grace", "c", "c")
+    player = user()
+    player.answer = answer_by_prompt
     names = notebook_launcher(
         each_rank_asks, num_processes=2, backend="cpu", timeout=60, return_all=True
     )
-    assert sorted(names) == ["ada", "grace"]
-    asked = sorted(player.prompts[:2])
-    assert asked == ["[rank 0] rank 0, your name? ", "[rank 1] rank 1, your name? "]
-    assert sorted(player.prompts[2:]) == ["[rank 0] (Pdb) ", "[rank 1] (Pdb) "]
+    assert names == ["ada", "grace"]
+    assert sorted(player.prompts) == [
+        "[rank 0] (Pdb) ",
+        "[rank 0] rank 0, your name? ",
+        "[rank 1] (Pdb) ",
+        "[rank 1] rank 1, your name? ",
+    ]
+    # each rank asks its name before it reaches its own breakpoint
+    for rank in (0, 1):
+        mine = [prompt for prompt in player.prompts if prompt.startswith(f"[rank {rank}]")]
+        assert mine == [f"[rank {rank}] rank {rank}, your name? ", f"[rank {rank}] (Pdb) "]
 
 
 def test_where_nobody_can_answer_a_breakpoint_is_passed_and_input_raises_eof(user, capfd):
