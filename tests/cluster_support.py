@@ -29,7 +29,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 
 from notebook_accel import release_cluster  # noqa: E402
 from notebook_accel.launch.cluster.connect import descendant_pids, end_processes  # noqa: E402
-from tests_support import free_port  # noqa: E402
+from tests_support import PROMPTLY, free_port  # noqa: E402
 
 # Small nodes, as the machines of a real cluster would be for these tiny models.
 NODE_ARGS = {"num_cpus": 1, "object_store_memory": 80 * 2**20}
@@ -42,7 +42,7 @@ FAST_HEALTH_CHECKS = {
     "health_check_failure_threshold": 5,
 }
 # How long a test's agents and placement group get to go once it ends.
-GONE_SECONDS = 5.0
+GONE_SECONDS = PROMPTLY
 
 
 @dataclass

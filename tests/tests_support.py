@@ -4,6 +4,12 @@ from __future__ import annotations
 
 import psutil
 
+# "At once", in a correctness test: far longer than a stop, a failure report or a
+# timeout takes on a loaded machine (a fresh interpreter alone can take seconds
+# there), far shorter than what the run would otherwise wait for (its workers' 600 s
+# sleep, a collective's timeout). How fast these are is measured in bench/, as ratios.
+PROMPTLY = 60.0
+
 # This process's descendants when the running test began (set by tests/conftest.py):
 # what a test checks for "nothing left" is what it started, never what an earlier
 # test or another program beside the suite left running.

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -14,6 +13,7 @@ from browser_harness import (
     wait_for_text,
     write_notebook,
 )
+from tests_support import PROMPTLY
 
 pytestmark = [pytest.mark.browser, pytest.mark.timeout(240)]
 
@@ -82,10 +82,10 @@ def test_launch_with_bf16_from_the_panel_then_stop_a_long_run(lab_server, page):
     slow.locator("button.notebook-accel-launch").click()
     slow.locator(".notebook-accel-rank[data-status=running]").first.wait_for(timeout=30_000)
     wait_for_text(page, re.compile(r"step \d+/100000"), timeout=30)
-    stopped_at = time.monotonic()
     slow.locator("button.notebook-accel-stop").click()
-    slow.locator(".notebook-accel-outcome").filter(has_text="stopped").wait_for(timeout=10_000)
-    assert time.monotonic() - stopped_at < 5  # 2 s to stop, the rest is the round trip
+    # The run has 100,000 steps to go: only the stop ends it within the wait.
+    stopped = slow.locator(".notebook-accel-outcome").filter(has_text="stopped")
+    stopped.wait_for(timeout=PROMPTLY * 1000)
     assert "every worker was terminated" in slow.locator(".notebook-accel-result").inner_text()
     screenshot(page, "panel-stopped", locator=slow)
     slow.locator("button.notebook-accel-launch").click()

@@ -16,6 +16,7 @@ import torch
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
 from notebook_accel.launch import debugging
+from tests_support import PROMPTLY
 
 pytestmark = [pytest.mark.usefixtures("each_start_method"), pytest.mark.timeout(90)]
 
@@ -181,8 +182,8 @@ def test_stop_pressed_at_a_prompt_stops_the_run(user):
     user(KeyboardInterrupt())
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
-    assert time.monotonic() - started < 20
+        notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=600)
+    assert time.monotonic() - started < PROMPTLY  # not the launch's timeout
 
 
 def fails_deep_inside(limit):

@@ -12,7 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from notebook_accel import WorkerError, last_run, notebook_launcher
-from tests_support import live_children
+from tests_support import PROMPTLY, live_children
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
 pytestmark = pytest.mark.usefixtures("each_start_method")
@@ -47,7 +47,7 @@ def test_a_raising_rank_surfaces_with_its_traceback_and_the_rest_stop_fast(tmp_p
     assert "ValueError: bad batch shape" in error.traceback
     assert "in rank1_raises" in error.traceback
     assert "worker rank 1 raised ValueError: bad batch shape" in str(error)
-    assert returned_at - float(path.read_text()) < 2.0
+    assert returned_at - float(path.read_text()) < PROMPTLY  # rank 0 sleeps for 600 s
     assert live_children() == []
     assert last_run().status == "failed"
 
@@ -65,7 +65,7 @@ def test_a_killed_rank_is_named_with_its_signal(tmp_path):
     path = tmp_path / "killed_at"
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(rank1_killed, args=(str(path),), num_processes=2, backend="cpu")
-    assert time.time() - float(path.read_text()) < 2.0
+    assert time.time() - float(path.read_text()) < PROMPTLY  # rank 0 sleeps for 600 s
     error = caught.value
     assert error.rank == 1 and error.exitcode == -signal.SIGKILL
     assert "killed by SIGKILL" in str(error)
@@ -108,7 +108,7 @@ def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
     started = time.monotonic()
     with pytest.raises(WorkerError, match="could not load data"):
         notebook_launcher(dies_before_rendezvous, num_processes=2, backend="cpu")
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < PROMPTLY  # not the rendezvous's own timeout
     assert live_children() == []
 
 
@@ -187,10 +187,10 @@ def sleeps(seconds):
 
 
 def test_timeout_stops_the_run_and_raises_timeout_error():
-    started = time.monotonic()
+    # The workers sleep for 600 s, past this test's own time limit: only a run the
+    # timeout stopped lets the test end (however long a loaded machine takes to start it).
     with pytest.raises(TimeoutError, match="timeout=1.0"):
         notebook_launcher(sleeps, args=(600,), num_processes=2, timeout=1.0, backend="cpu")
-    assert time.monotonic() - started < 4
     assert live_children() == []
     assert last_run().status == "timed out"
     assert notebook_launcher(sleeps, args=(0,), num_processes=2, backend="cpu") is None

@@ -10,7 +10,7 @@ import time
 import pytest
 
 from notebook_accel import last_run, notebook_launcher
-from tests_support import live_children
+from tests_support import PROMPTLY, live_children
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
 pytestmark = pytest.mark.usefixtures("each_start_method")
@@ -35,7 +35,7 @@ def test_interrupt_stops_every_worker_and_leaves_the_process_as_it_was():
     finally:
         timer.cancel()
     assert live_children() == []
-    assert time.monotonic() - interrupted_at < 2.0
+    assert time.monotonic() - interrupted_at < PROMPTLY  # the workers sleep for 600 s
     assert last_run().status == "stopped"
     assert {signum: signal.getsignal(signum) for signum in WATCHED_SIGNALS} == handlers
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == mask

@@ -14,6 +14,7 @@ import torch
 import notebook_accel.live as live
 from notebook_accel import WorkerError
 from notebook_accel.live import start_workers
+from tests_support import PROMPTLY
 
 
 @pytest.fixture
@@ -123,10 +124,10 @@ def test_a_rank_that_fails_while_its_peer_waits_in_a_collective_is_shown_at_once
         started = time.monotonic()
         with pytest.raises(WorkerError) as failure:
             # Before, this waited out the timeout and said only TimeoutError.
-            workers.run_cell(call, timeout=60)
+            workers.run_cell(call, timeout=600)
         took = time.monotonic() - started
         print(f"{call}: the failing rank's error after {took:.2f} s")
-        assert took < 10  # not the timeout: the goal is 2 s, on a quiet machine
+        assert took < PROMPTLY  # not the timeout (bench/live_failure.py measures it)
         error = failure.value
         assert error.rank == 1  # the cause, not the peer that saw its connection close
         assert "ValueError: rank 1 gave up" in str(error) or "ValueError: bad batch" in str(error)
@@ -203,10 +204,10 @@ def test_a_worker_killed_during_a_call_is_named(workers):
     timer.start()
     try:
         with pytest.raises(WorkerError) as failure:
-            workers.run_cell("time.sleep(30)")
+            workers.run_cell("time.sleep(600)")
     finally:
         timer.join()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < PROMPTLY
     assert failure.value.rank == 0 and "killed by SIGKILL" in str(failure.value)
     assert "workers.restart()" in str(failure.value)
 

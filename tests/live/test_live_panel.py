@@ -11,6 +11,7 @@ import pytest
 from notebook_accel.live import start_workers
 from notebook_accel.platforms import Hardware
 from notebook_accel.ui.panel import LaunchPanel
+from tests_support import PROMPTLY
 
 CPU_ONLY = Hardware(gpus=(), cpu_cores=2, ram_bytes=1 << 30)
 
@@ -48,19 +49,17 @@ def test_an_attached_panel_shows_the_group_and_stops_its_call(workers):
 
     def call_in_a_thread():
         try:
-            outcome["value"] = workers.run(nap, 30)
+            outcome["value"] = workers.run(nap, 600)
         except BaseException as error:  # noqa: BLE001 - inspected below
             outcome["error"] = error
 
     thread = threading.Thread(target=call_in_a_thread)
     thread.start()
     time.sleep(0.5)
-    started = time.monotonic()
     panel.stop()
-    thread.join(15)
+    thread.join(PROMPTLY)  # the call naps for 600 s
     assert not thread.is_alive()
     assert isinstance(outcome.get("error"), KeyboardInterrupt), outcome
-    assert time.monotonic() - started < 10
     assert workers.alive and workers.run(nap, 0) == "woke"
 
     workers.close()

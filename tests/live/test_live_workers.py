@@ -13,6 +13,7 @@ import torch
 
 from notebook_accel import WorkerError
 from notebook_accel.live import GroupEnded, start_workers
+from tests_support import PROMPTLY
 
 pytestmark = pytest.mark.usefixtures("each_start_method")
 
@@ -139,9 +140,9 @@ def test_stop_interrupts_the_call_and_keeps_the_workers(workers):
     timer = press_stop_after(0.5)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="they are still running"):
-        workers.run(sleep_then_answer, 30)
+        workers.run(sleep_then_answer, 600)
     timer.join()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < PROMPTLY
     assert workers.alive and workers.run_cell("kept") == 42
 
 
@@ -177,7 +178,7 @@ def ignore_the_first_interrupt():
     try:
         time.sleep(30)
     except KeyboardInterrupt:
-        time.sleep(30)  # a cell that will not stop
+        time.sleep(600)  # a cell that will not stop
     return "unreachable"
 
 
@@ -188,7 +189,7 @@ def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
         workers.run(ignore_the_first_interrupt)
     first.join()
     second.join()
-    assert time.monotonic() - started < 10
+    assert time.monotonic() - started < PROMPTLY
     assert "the group was ended" in str(stopped.value)
     assert not workers.alive
     workers.restart()
@@ -211,7 +212,7 @@ def test_a_timeout_interrupts_the_call_and_keeps_the_workers(workers):
 
 
 def never_stop():
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         try:
             time.sleep(max(0.0, deadline - time.monotonic()))
@@ -224,7 +225,7 @@ def test_a_worker_that_will_not_stop_ends_the_group_which_restarts(workers):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="the group was ended") as stopped:
         workers.run(never_stop, ranks=[1], timeout=0.5)
-    assert time.monotonic() - started < 15
+    assert time.monotonic() - started < PROMPTLY
     assert "workers.restart()" in str(stopped.value)
     assert not workers.alive
     with pytest.raises(GroupEnded, match="workers.restart"):

@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from tests_support import cell_text, execute_cells, run_in_kernel
+from tests_support import PROMPTLY, cell_text, execute_cells, run_in_kernel
 
 CELLS = [
     """
@@ -87,7 +87,7 @@ def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):
     assert reply["parent_header"]["msg_id"] == msg_id
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
-    assert time.monotonic() - interrupted_at < 2.5
+    assert time.monotonic() - interrupted_at < PROMPTLY  # the workers sleep for 600 s
     assert [
         p for p in kernel_process.children(recursive=True) if p.status() != psutil.STATUS_ZOMBIE
     ] == []

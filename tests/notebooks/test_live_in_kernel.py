@@ -8,7 +8,7 @@ from __future__ import annotations
 import nbformat
 from nbclient import NotebookClient
 
-from tests_support import cell_text
+from tests_support import PROMPTLY, cell_text
 
 CELLS = [
     """
@@ -115,7 +115,7 @@ def test_live_workers_survive_what_a_notebook_user_does(tmp_path):
     assert "WorkerError: worker rank 1 raised ValueError: bad batch on rank 1" in text
     assert "process group was formed again" in text
     seconds = float(text.split("answered after ")[1].split(" s")[0])
-    assert seconds < 10, text  # not a collective's timeout (goal: 2 s, quiet machine)
+    assert seconds < PROMPTLY, text  # not a collective's timeout (bench/live_failure.py)
     assert "[1, 1]" in outputs_text(after)  # the state went on, on both ranks
 
     # A worker killed between cells: named at the next cell, with the way out.

@@ -8,6 +8,7 @@ import time
 import pytest
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
+from tests_support import PROMPTLY
 
 
 def rank1_never_joins():
@@ -21,7 +22,7 @@ def test_a_rank_that_never_joins_is_reported_after_the_rendezvous_timeout():
     started = time.monotonic()
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(rank1_never_joins, num_processes=2, live=False, backend="cpu")
-    assert time.monotonic() - started < 30
+    assert time.monotonic() - started < PROMPTLY  # rank 1 sleeps for 600 s
     error = caught.value
     assert error.rank == 0
     assert "waited 2 s for all 2 processes to join" in str(error)

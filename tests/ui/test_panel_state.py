@@ -9,7 +9,7 @@ import pytest
 from notebook_accel import LaunchConfig, WorkerError
 from notebook_accel.platforms import GpuInfo, Hardware
 from notebook_accel.ui.panel import LaunchPanel, PanelChoices, hardware_summary
-from tests_support import live_children
+from tests_support import PROMPTLY, live_children
 
 CPU_ONLY = Hardware(cpu_cores=2, ram_bytes=8 << 30)
 TWO_T4 = Hardware(
@@ -143,10 +143,8 @@ def test_stop_ends_the_run_quickly_and_the_next_launch_works():
     panel = LaunchPanel(sleeps_forever, hardware=CPU_ONLY)
     panel.launch()
     time.sleep(0.5)
-    stopped_at = time.monotonic()
     panel.stop()
-    assert panel.wait(10)
-    assert time.monotonic() - stopped_at < 2.0
+    assert panel.wait(PROMPTLY)  # the workers would sleep for 600 s
     assert live_children() == []
     assert panel.report.status == "stopped" and "Stopped" in panel.outcome.value
     assert "stopped" in panel.run_widgets.ranks.value

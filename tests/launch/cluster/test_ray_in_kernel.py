@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 
 from cluster_support import ours_still_running, wait_until_nothing_is_left
+from tests_support import PROMPTLY
 
 
 def send(client, code: str) -> str:
@@ -98,8 +99,8 @@ def test_output_stop_and_cells_run_again_in_a_real_kernel(ray_cluster, kernel):
     pressed = time.monotonic()
     stopped = outputs(client, msg_id, timeout=30)
     assert stopped["reply"]["ename"] == "KeyboardInterrupt"
-    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
-    assert time.monotonic() - pressed < 5.0
+    assert wait_until_nothing_is_left(ray_cluster) == []
+    assert time.monotonic() - pressed < PROMPTLY  # the run steps forever
     after = run(client, "print(notebook_launcher(hello, ('after',), **ON_CLUSTER))")
     assert "[rank 1] after from rank 1: 2 workers\n" in after["text"]
 

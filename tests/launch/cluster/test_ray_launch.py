@@ -18,6 +18,7 @@ from cluster_support import wait_until_nothing_is_left
 from notebook_accel import PlacementError, WorkerError, last_run, notebook_launcher
 from notebook_accel.reporting.events import OutputLine
 from notebook_accel.reporting.observers import RunObserver
+from tests_support import PROMPTLY
 
 ON_TWO_NODES = {"num_processes": 2, "cluster": "ray", "placement_strategy": "STRICT_SPREAD"}
 
@@ -156,13 +157,13 @@ class PressStopAt(RunObserver):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_stop_mid_step_frees_every_agent_group_and_cpu_within_five_seconds(ray_cluster):
+def test_stop_mid_step_frees_every_agent_group_and_cpu_at_once(ray_cluster):
     handler = signal.getsignal(signal.SIGINT)
     stop = PressStopAt("step 3\n")
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(steps_forever, (0.05,), observers=[stop], live=False, **ON_TWO_NODES)
-    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
-    assert time.monotonic() - stop.pressed_at < 5.0
+    assert wait_until_nothing_is_left(ray_cluster) == []
+    assert time.monotonic() - stop.pressed_at < PROMPTLY  # the run steps forever
     assert signal.getsignal(signal.SIGINT) is handler
     assert last_run().status == "stopped"
     assert notebook_launcher(chatty, (1,), live=False, **ON_TWO_NODES) == 0
@@ -172,8 +173,8 @@ def test_timeout_stops_the_run_and_frees_the_cluster(ray_cluster):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="did not finish within timeout=4.0 s"):
         notebook_launcher(steps_forever, (0.1,), timeout=4, live=False, **ON_TWO_NODES)
-    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
-    assert time.monotonic() - started < 4 + 5 + 5  # the first start, the run, the stop
+    assert wait_until_nothing_is_left(ray_cluster) == []
+    assert time.monotonic() - started < 4 + PROMPTLY  # the run steps forever
 
 
 def test_a_relaunch_reuses_the_warm_agents_and_a_run_can_release_them(ray_cluster):
@@ -244,7 +245,7 @@ def test_more_workers_than_the_cluster_has_is_refused_at_once(ray_cluster):
     started = time.monotonic()
     with pytest.raises(PlacementError) as raised:
         notebook_launcher(chatty, (1,), num_processes=3, cluster="ray", live=False)
-    assert time.monotonic() - started < 5  # Ray would wait forever for the group
+    assert time.monotonic() - started < PROMPTLY  # Ray would wait forever for the group
     assert "it asks for 3 workers of 1 CPU each" in str(raised.value)
     assert "the cluster has 2 CPUs in all, on 2 nodes: node 127.0.0.1 (" in str(raised.value)
     assert "Nothing was started" in str(raised.value)
@@ -353,10 +354,10 @@ def test_the_panel_launches_on_the_cluster_and_its_stop_frees_everything(ray_clu
         time.sleep(0.05)
     pressed = time.monotonic()
     panel.stop()
-    assert panel.wait(10)
+    assert panel.wait(PROMPTLY)
     assert isinstance(panel.error, KeyboardInterrupt) and "Stopped" in panel.outcome.value
-    assert wait_until_nothing_is_left(ray_cluster, seconds=5.0) == []
-    assert time.monotonic() - pressed < 5.0
+    assert wait_until_nothing_is_left(ray_cluster) == []
+    assert time.monotonic() - pressed < PROMPTLY  # the run steps forever
 
 
 # -- other ways to reach the cluster ---------------------------------------------------------
