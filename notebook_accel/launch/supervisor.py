@@ -508,8 +508,13 @@ class WorkerGroupBase:
         prompt = self._take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed = None, NO_PROMPTER, False
+        # A peer failed first: this run is ending, and this rank's prompt (often its
+        # post-mortem of a collective the failed rank left) is not worth the user's time.
+        failed_first = next((w for w in self.failed_workers() if w is not worker), None)
         try:
-            if self.prompter is not None:
+            if failed_first is not None:
+                reason = f"the run is ending: rank {failed_first.rank} failed first"
+            elif self.prompter is not None:
                 line = self.prompter(worker.rank, prompt)
         except InputUnavailable as why:
             reason = str(why)

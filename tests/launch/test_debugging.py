@@ -8,6 +8,7 @@ tests/notebooks/test_debugging_in_kernel.py.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 
@@ -217,6 +218,31 @@ def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_st
     # the failed rank's error comes first; the one stopped meanwhile is a consequence
     assert error.rank == 1 and "IndexError" in str(error).splitlines()[0]
     assert "rank 0 was killed by SIGTERM (most likely a consequence)" in str(error)
+
+
+def rank_0_is_slow_to_stop():
+    accelerator = Accelerator()
+    if accelerator.process_index == 0:
+        # A rank that does not end at once when stopped (busy in C code, a loaded
+        # machine): its collective fails when rank 1 ends, after rank 1's debugger.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    accelerator.wait_for_everyone()
+    if accelerator.process_index == 1:
+        raise KeyError("no such column")
+    torch.distributed.all_reduce(torch.ones(1))
+
+
+def test_a_peer_failing_after_the_first_failure_opens_no_second_debugger(user, capfd):
+    player = user("c", "c")
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(
+            rank_0_is_slow_to_stop, num_processes=2, backend="cpu", timeout=PROMPTLY,
+            post_mortem=True,
+        )  # fmt: skip
+    assert player.prompts == ["[rank 1] (Pdb) "]
+    assert raised.value.rank == 1 and "KeyError" in str(raised.value).splitlines()[0]
+    err = capfd.readouterr().err
+    assert "[debugger not opened: the run is ending: rank 1 failed first; continuing]" in err
 
 
 def test_without_post_mortem_a_failure_asks_nothing(user):
