@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,18 @@ from cluster_support import (
 )
 from notebook_accel import release_cluster
 from tests_support import live_children, mark_test_start
+
+# A cluster test's limit against a hang: a Ray cluster of several nodes on a loaded
+# 2-core machine is slow (a test of a few launches took over the suite's 120 s there),
+# and a test stopped by the limit leaves Ray mid-call in this process.
+CLUSTER_TEST_SECONDS = 300
+HERE = Path(__file__).parent
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.path.is_relative_to(HERE) and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(CLUSTER_TEST_SECONDS))
 
 
 @pytest.fixture(scope="module")
