@@ -21,6 +21,7 @@ import ast
 import contextlib
 import faulthandler
 import io
+import json
 import os
 import sys
 import traceback
@@ -96,6 +97,7 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
     faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
     rank = os.environ.get("RANK", "0")
     printed = io.StringIO()
+    found = {"at start": _process_state(target)}
     try:
         with contextlib.redirect_stdout(printed):
             module = load(Path(script), target)
@@ -106,7 +108,25 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         raise
     finally:
         faulthandler.cancel_dump_traceback_later()
+        found["at end"] = _process_state(target)
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
+        Path(out, f"rank{rank}.json").write_text(json.dumps(found))
+
+
+def _process_state(target: str) -> dict:
+    """What decides whether this worker trains with its peers: the launcher's variables,
+    a process group, and the library's process state (which a forked worker inherits)."""
+    import importlib
+
+    import torch.distributed as dist
+
+    state = importlib.import_module(f"{target}.state").PartialState
+    made = bool(getattr(state, "_shared_state", None))
+    return {
+        "env": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
+        "process group": dist.is_available() and dist.is_initialized(),
+        "num_processes": state().num_processes if made else None,
+    }
 
 
 def _main() -> None:

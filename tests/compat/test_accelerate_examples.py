@@ -18,6 +18,7 @@ program.
 from __future__ import annotations
 
 import gc
+import json
 import os
 import re
 import signal
@@ -133,10 +134,14 @@ def _arguments(script: str, work: Path, images: Path) -> tuple[list[str], dict[s
 
 def _observe(work: Path) -> dict:
     """What a run printed (metric lines per rank), its TensorBoard scalars, its files."""
-    seen: dict = {}
+    seen: dict = {"processes": [], "found": {}}
     for rank in (0, 1):
         text = (work / "out" / f"rank{rank}.txt").read_text()
         seen[f"rank{rank}"] = [line for line in text.splitlines() if METRIC_LINE.match(line)]
+        # How many processes the library saw (example_run.py records it, and why)
+        found = json.loads((work / "out" / f"rank{rank}.json").read_text())
+        seen["processes"].append(found["at end"]["num_processes"])
+        seen["found"][f"rank{rank}"] = found
     logs = work / "logs"
     if logs.exists():
         from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -245,6 +250,11 @@ def runs(tmp_path_factory, example_scripts, images) -> _Runs:
 
 def _assert_same(ours: dict, reference: dict) -> None:
     assert reference["rank0"], "Accelerate's run printed no metric line: the harness is broken"
+    for run in (reference, ours):
+        assert run["processes"] == [2, 2], f"a run did not train on 2 processes: {run['found']}"
+    ours, reference = dict(ours), dict(reference)
+    for run in (reference, ours):
+        del run["processes"], run["found"]
     assert ours.keys() == reference.keys()
     for key in reference:
         assert ours[key] == reference[key], key
