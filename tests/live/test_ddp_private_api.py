@@ -10,6 +10,7 @@ fails its next all-reduce at once, so a step that works went through the new gro
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import socket
@@ -77,6 +78,8 @@ def _run(rank: int, port: int, scenario: Callable[..., dict[str, Any]], args: tu
     # process, and a forked child's first parallel op then crashes or waits on the
     # parent's OpenMP threads, gone here (libgomp is not fork-safe).
     torch.set_num_threads(1)
+    # A rank that hangs shows where, and ends, long before the test's own limit.
+    faulthandler.dump_traceback_later(3 * TIMEOUT.total_seconds(), exit=True)
     store = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=TIMEOUT)
     dist.init_process_group(
         "gloo", store=dist.PrefixStore("old/", store), rank=rank, world_size=WORLD, timeout=TIMEOUT
