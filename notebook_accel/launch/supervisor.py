@@ -766,7 +766,7 @@ class WorkerGroup(WorkerGroupBase):
         pipe = self._pipes[fd]
         while True:
             try:
-                data = os.read(fd, 1 << 16)
+                data = read_some(fd)
             except BlockingIOError:  # nothing more for now
                 if last:
                     self._close(fd)
@@ -878,10 +878,12 @@ class WorkerGroup(WorkerGroupBase):
         for process in descendants:
             with contextlib.suppress(psutil.Error):
                 process.kill()
-        self._collect_remains()
-        self.close_commands()
-        self._janitor.close()
-        self._selector.close()
+        try:
+            self._collect_remains()
+        finally:  # whatever reading the last output raised, nothing of the run stays
+            self.close_commands()
+            self._janitor.close()
+            self._selector.close()
 
     def _collect_remains(self) -> None:
         """Every worker's exit code and last output; then close the processes and pipes."""
@@ -894,6 +896,19 @@ class WorkerGroup(WorkerGroupBase):
                 worker.process.close()
         for fd in list(self._pipes):  # none should be left; close them all the same
             self._close(fd)
+
+
+def read_some(fd: int) -> bytes:
+    """What `fd` holds, up to 64 KiB; b"" at its end.
+
+    A worker's channel is a socket: a worker ended before it read what was sent to it
+    (the answer to a prompt where Stop was pressed) resets it, and after what it sent
+    before, the read raises ConnectionResetError instead of returning b"". The same end.
+    """
+    try:
+        return os.read(fd, 1 << 16)
+    except ConnectionResetError:
+        return b""
 
 
 def _failure_of(worker: _Worker) -> WorkerFailure:

@@ -1,12 +1,15 @@
-"""The channel's framing alone: events written by a worker come back whole and in order."""
+"""The channel's framing alone: events written by a worker come back whole and in order;
+and the end of a channel the worker left, however it left it."""
 
 from __future__ import annotations
 
 import os
+import socket
 
 import pytest
 
 from notebook_accel.launch.channel import ChannelReader, ChannelWriter
+from notebook_accel.launch.supervisor import read_some
 from notebook_accel.reporting.events import (
     MetricRecord,
     PeakResources,
@@ -118,3 +121,15 @@ def test_an_event_that_cannot_be_pickled_raises_and_writes_nothing():
 
     # The pending batch was neither lost nor split by the failed send.
     assert ChannelReader(rank=0).feed(written(send)) == [metric(0), metric(1)]
+
+
+def test_a_channel_reset_by_a_worker_that_ended_reads_as_its_end_after_what_it_sent():
+    # Stop pressed at a worker's prompt: the answer is sent, and the worker is ended
+    # before it reads it. Its channel is then reset rather than closed.
+    launcher, worker = socket.socketpair()
+    with launcher:
+        worker.sendall(b"events")
+        launcher.sendall(b"the run was stopped")
+        worker.close()
+        assert read_some(launcher.fileno()) == b"events"
+        assert read_some(launcher.fileno()) == b""
