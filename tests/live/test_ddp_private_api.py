@@ -159,10 +159,15 @@ def train_across_a_broken_group(
     the model (None: it stays), and one step more: its gradients, or the step's error."""
     module = new_module()
     model = DistributedDataParallel(module, **SETTINGS)
+    # As prepare() and launched workers do: a model freed after its group was left
+    # must free the group after its reducer, or this rank can hang as the scenario
+    # returns (ddp_teardown.py; it hung a model left on the broken group here).
+    ddp_teardown.free_group_after_reducer(model)
     if hook:
         comm_hooks.register(model, DistributedDataParallelKwargs(comm_hook=hook))
     if hook == "fp16":  # and one whose state holds the old group: it cannot follow
         other = DistributedDataParallel(new_module())
+        ddp_teardown.free_group_after_reducer(other)
         other.register_comm_hook(dist.group.WORLD, _allreduce_on)
     parameters = list(model.parameters())
     data = batches()
