@@ -510,7 +510,11 @@ class WorkerGroupBase:
         line, reason, pressed = None, NO_PROMPTER, False
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
-        failed_first = next((w for w in self.failed_workers() if w is not worker), None)
+        # The peers the launcher stopped for a post-mortem are its consequence, not a cause.
+        failed_first = next(
+            (w for w in self.failed_workers() if w is not worker and not w.stopped_for_peer),
+            None,
+        )
         try:
             if failed_first is not None:
                 reason = f"the run is ending: rank {failed_first.rank} failed first"

@@ -202,7 +202,11 @@ def _step(steps, limit):
 
 
 def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_stopped(user, capfd):
-    player = user("p window", "up", "p steps", "p limit * 10", "c")
+    def after_rank_0_has_ended():  # the user reads for a while: rank 0's stop lands
+        time.sleep(2)
+        return "p window"
+
+    player = user(after_rank_0_has_ended, "up", "p steps", "p limit * 10", "c")
     with pytest.raises(WorkerError) as raised:
         notebook_launcher(
             fails_deep_inside, args=(2,), num_processes=2, backend="cpu", timeout=60,

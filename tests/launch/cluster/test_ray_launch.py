@@ -170,11 +170,10 @@ def test_stop_mid_step_frees_every_agent_group_and_cpu_at_once(ray_cluster):
 
 
 def test_timeout_stops_the_run_and_frees_the_cluster(ray_cluster):
-    started = time.monotonic()
+    # The run steps forever: only the timeout ends it within the test's limit.
     with pytest.raises(TimeoutError, match="did not finish within timeout=4.0 s"):
         notebook_launcher(steps_forever, (0.1,), timeout=4, live=False, **ON_TWO_NODES)
     assert wait_until_nothing_is_left(ray_cluster) == []
-    assert time.monotonic() - started < 4 + PROMPTLY  # the run steps forever
 
 
 def test_a_relaunch_reuses_the_warm_agents_and_a_run_can_release_them(ray_cluster):
