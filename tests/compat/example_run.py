@@ -97,7 +97,7 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
     faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
     rank = os.environ.get("RANK", "0")
     printed = io.StringIO()
-    found = {"at start": _process_state(target)}
+    found = {"at start": _process_state(target, join=False)}
     try:
         with contextlib.redirect_stdout(printed):
             module = load(Path(script), target)
@@ -108,24 +108,27 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         raise
     finally:
         faulthandler.cancel_dump_traceback_later()
-        found["at end"] = _process_state(target)
+        found["at end"] = _process_state(target, join=True)
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
         Path(out, f"rank{rank}.json").write_text(json.dumps(found))
 
 
-def _process_state(target: str) -> dict:
+def _process_state(target: str, join: bool) -> dict:
     """What decides whether this worker trains with its peers: the launcher's variables,
-    a process group, and the library's process state (which a forked worker inherits)."""
+    a process group, and the library's process state (which a forked worker inherits).
+    Only with `join` (after the script: its state exists) is the state asked for its
+    number of processes: asking makes it, and making ours joins the process group."""
     import importlib
 
     import torch.distributed as dist
 
     state = importlib.import_module(f"{target}.state").PartialState
-    made = bool(getattr(state, "_shared_state", None))
+    shared = getattr(state, "_shared_state", None) or {}
     return {
         "env": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
         "process group": dist.is_available() and dist.is_initialized(),
-        "num_processes": state().num_processes if made else None,
+        "state made": bool(shared),
+        "num_processes": state().num_processes if join and shared else shared.get("num_processes"),
     }
 
 

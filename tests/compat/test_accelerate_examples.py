@@ -17,6 +17,7 @@ program.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -219,15 +220,24 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
     command += [str(runner), "--target", "notebook_accel", "--out", str(work / "out")]
     command += [f"--env={k}={v}" for k, v in env.items()]
     command += [str(script), "--", *argv]
-    done = subprocess.run(
+    # A session of its own: past the timeout the whole tree goes (torchrun and its
+    # workers), not only the command, which would leave them running.
+    process = subprocess.Popen(
         command,
         cwd=work,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT,
         env={**os.environ, "NOTEBOOK_ACCEL_BACKEND": "cpu"},
+        start_new_session=True,
     )
-    assert done.returncode == 0, done.stderr[-4000:]
+    try:
+        _, stderr = process.communicate(timeout=TIMEOUT)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+    assert process.returncode == 0, stderr[-4000:]
 
 
 class _Runs:
