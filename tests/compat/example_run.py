@@ -97,7 +97,7 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
     faulthandler.dump_traceback_later(HANG_REPORT_SECONDS, file=sys.__stderr__)
     rank = os.environ.get("RANK", "0")
     printed = io.StringIO()
-    found = {"at start": _process_state(target, join=False)}
+    found = {"at start": _process_state(target)}
     try:
         with contextlib.redirect_stdout(printed):
             module = load(Path(script), target)
@@ -108,16 +108,15 @@ def run(script: str, target: str, argv: list[str], out: str, env: dict[str, str]
         raise
     finally:
         faulthandler.cancel_dump_traceback_later()
-        found["at end"] = _process_state(target, join=True)
+        found["at end"] = _process_state(target)
         Path(out, f"rank{rank}.txt").write_text(printed.getvalue())
         Path(out, f"rank{rank}.json").write_text(json.dumps(found))
 
 
-def _process_state(target: str, join: bool) -> dict:
+def _process_state(target: str) -> dict:
     """What decides whether this worker trains with its peers: the launcher's variables,
-    a process group, and the library's process state (which a forked worker inherits).
-    Only with `join` (after the script: its state exists) is the state asked for its
-    number of processes: asking makes it, and making ours joins the process group."""
+    a process group, and the library's process state (which a forked worker inherits),
+    read without making any (making ours joins a process group)."""
     import importlib
 
     import torch.distributed as dist
@@ -127,8 +126,7 @@ def _process_state(target: str, join: bool) -> dict:
     return {
         "env": {name: os.environ.get(name) for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK")},
         "process group": dist.is_available() and dist.is_initialized(),
-        "state made": bool(shared),
-        "num_processes": state().num_processes if join and shared else shared.get("num_processes"),
+        "num_processes": shared.get("num_processes"),
     }
 
 
