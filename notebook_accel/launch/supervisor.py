@@ -548,9 +548,13 @@ class WorkerGroupBase:
 
     def _stop_others_for(self, worker: _Worker) -> None:
         """`worker` opens its post-mortem debugger: end the other workers now, as a
-        failure would; it ends when the user is done with it."""
+        failure would; it ends when the user is done with it. A peer that raised first is
+        left alone: it ends on its own (its exit may not be noticed yet), and it was no
+        consequence of this one."""
         for other in self.workers:
             if other is worker or other.ended or other.stopped_for_peer:
+                continue
+            if other.error is not None:
                 continue
             other.stopped_for_peer = True
             with contextlib.suppress(NotImplementedError):
