@@ -121,6 +121,20 @@ def open_fds_once_back_to(expected: set[int], seconds: float = 5.0) -> set[int]:
     return now()
 
 
+def reply_to(client, msg_id: str, timeout: float) -> dict:
+    """The kernel's shell reply to the request `msg_id`. Replies to other requests are
+    passed over: jupyter_client's `wait_for_ready` (and `start_new_kernel`) sends a new
+    kernel_info request every second until one is answered, so a kernel slow to start
+    on a loaded machine leaves the answers to the others waiting on the shell channel."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        reply = client.get_shell_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg_id:
+            return reply
+
+
 def run_in_kernel(
     client, code: str, answers=(), allow_stdin: bool = True, timeout: float = 90
 ) -> dict:
@@ -156,5 +170,5 @@ def run_in_kernel(
         elif message["msg_type"] == "error":
             text.append("\n".join(message["content"]["traceback"]))
         idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
-    reply = client.get_shell_msg(timeout=timeout)
+    reply = reply_to(client, msg_id, timeout)
     return {"reply": reply["content"], "text": "".join(text), "prompts": prompts}
