@@ -22,6 +22,8 @@ sys.path.insert(0, str(HERE))
 
 import make_env  # noqa: E402
 
+from tests_support import PROMPTLY  # noqa: E402
+
 
 def _pip_can_find_torch_xla() -> bool:
     """Whether pip, with its own configuration (index, extra indexes, find-links,
@@ -123,7 +125,10 @@ def test_failing_worker_is_a_worker_error_with_its_traceback(scenario):
 
 
 def test_timeout_stops_the_worker(scenario):
-    assert 15 <= scenario["checks"]["timeout"]["seconds"] < 25
+    timeout = scenario["checks"]["timeout"]
+    # Not before its limit; after it, as soon as the worker is stopped (the worker sleeps
+    # for 600 s), however busy the machine.
+    assert timeout["limit"] <= timeout["seconds"] < timeout["limit"] + PROMPTLY
 
 
 def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_works(scenario):
