@@ -28,6 +28,7 @@ from notebook_accel import (
 )
 from notebook_accel.checkpoint import training_state as checkpoint_module
 from notebook_accel.checkpoint.training_state import list_checkpoints
+from notebook_accel.launch.fresh import ENV_START_METHOD
 
 N, BATCH, EPOCHS = 48, 4, 3  # 48 samples / (4 per rank x 2 ranks) = 6 steps per epoch
 
@@ -172,12 +173,27 @@ def uninterrupted(tmp_path_factory):
     return get
 
 
-@pytest.mark.parametrize("precision", ["no", "bf16"])
-@pytest.mark.parametrize("stop_at", [(1, 3), (1, 6)], ids=["mid-epoch", "epoch-end"])
-@pytest.mark.usefixtures("each_start_method")
+MID_EPOCH, EPOCH_END = (1, 3), (1, 6)
+
+
+# Every pair of start method, stop point and precision, each in at least one run (six
+# runs, not all twelve combinations: none of the three depends on the other two).
+@pytest.mark.parametrize(
+    ("start_method", "stop_at", "precision"),
+    [
+        ("fork", MID_EPOCH, "no"),
+        ("fork", EPOCH_END, "bf16"),
+        ("forkserver", MID_EPOCH, "bf16"),
+        ("forkserver", EPOCH_END, "no"),
+        ("spawn", MID_EPOCH, "no"),
+        ("spawn", EPOCH_END, "bf16"),
+    ],
+    ids=lambda value: {MID_EPOCH: "mid-epoch", EPOCH_END: "epoch-end"}.get(value, value),
+)
 def test_resume_in_a_new_launch_matches_an_uninterrupted_run(
-    tmp_path, uninterrupted, precision, stop_at
+    tmp_path, uninterrupted, monkeypatch, start_method, stop_at, precision
 ):
+    monkeypatch.setenv(ENV_START_METHOD, start_method)
     assert _launch(tmp_path, precision, stop_at=stop_at) == [None, None]
     assert [p.name for p in list_checkpoints(tmp_path / "checkpoints")] == ["checkpoint_0"]
     resumed = _launch(tmp_path, precision)
