@@ -19,8 +19,8 @@ BIN := $(VENV)/bin
 REQUIRE_BROWSER_TESTS ?= 1
 PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist): 2 halves the suite's time on the 2-core
-# machines it is sized for, and stays off by default until it holds beside other load.
-TEST_WORKERS ?= 1
+# machines it is sized for; 1 runs it in one process.
+TEST_WORKERS ?= 2
 XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 # Where `make docs` puts the site.
 SITE ?= site

@@ -16,6 +16,28 @@ from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
 from notebook_accel.launch.template import shutdown_template  # noqa: E402
 from tests_support import live_children, mark_test_start  # noqa: E402
 
+HERE = Path(__file__).parent
+# The longest test files (each over a minute on 2 cores: clusters, notebooks, fresh
+# environments) run first: with the files shared out in order between two test
+# processes (`make test`), one left to run a long file alone at the end costs its length.
+LONGEST_FIRST = [
+    HERE / "launch" / "cluster",
+    HERE / "notebooks" / "test_teaching_notebooks.py",
+    HERE / "test_binder.py",
+    HERE / "xla" / "test_xla_cpu_device.py",
+    HERE / "live" / "test_live_workers.py",
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        for index, path in enumerate(LONGEST_FIRST):
+            if item.path == path or item.path.is_relative_to(path):
+                return index
+        return len(LONGEST_FIRST)
+
+    items.sort(key=rank)  # stable: each file's tests keep their order
+
 
 @pytest.fixture(params=["fork", "forkserver", "spawn"])
 def each_start_method(request, monkeypatch) -> Iterator[str]:
