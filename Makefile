@@ -21,10 +21,7 @@ PYTEST_ARGS ?=
 # Test processes side by side (pytest-xdist): 2 halves the suite's time on the 2-core
 # machines it is sized for; 1 runs it in one process.
 TEST_WORKERS ?= 2
-# --no-loadscope-reorder: the files go out in the order tests/conftest.py gives them
-# (the longest first), not pytest-xdist's own (the files with the most tests first, which
-# left the cluster files of one or two long tests to the end).
-XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder)
+XDIST = $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 # Where `make docs` puts the site.
 SITE ?= site
 
@@ -39,14 +36,15 @@ QUICK_LEAVES_OUT := tests/browser tests/launch/cluster tests/notebooks tests/doc
 demo: $(VENV)/.installed
 	$(BIN)/python -m notebook_accel.demo
 
-# The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one
-# of them (its module fixtures: a Ray cluster, a kernel, a site build are made once).
+# With TEST_WORKERS=2 the suite runs in two processes (pytest-xdist), each test file
+# whole in one of them (its module fixtures: a Ray cluster, a kernel, a site build are
+# made once).
 test: $(VENV)/.installed browser trackers
 	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # For development only: CI runs `make test`, the whole proof.
 test-quick: $(VENV)/.installed
-	$(BIN)/python -m pytest $(XDIST) $(addprefix --ignore=,$(QUICK_LEAVES_OUT)) $(PYTEST_ARGS)
+	$(BIN)/python -m pytest $(addprefix --ignore=,$(QUICK_LEAVES_OUT)) $(PYTEST_ARGS)
 
 env: $(VENV)/.installed
 

@@ -18,7 +18,7 @@ from tests_support import live_children, mark_test_start  # noqa: E402
 
 HERE = Path(__file__).parent
 # The longest test files (each over a minute on 2 cores: clusters, notebooks, fresh
-# environments) run first: with the files shared out in this order between two test
+# environments) run first: with the files shared out in order between two test
 # processes (`make test`), one left to run a long file alone at the end costs its length.
 LONGEST_FIRST = [
     HERE / "launch" / "cluster",
@@ -26,7 +26,6 @@ LONGEST_FIRST = [
     HERE / "test_binder.py",
     HERE / "xla" / "test_xla_cpu_device.py",
     HERE / "live" / "test_live_workers.py",
-    HERE / "compat" / "test_accelerate_examples.py",
 ]
 
 
