@@ -18,8 +18,10 @@ from tests_support import live_children, mark_test_start  # noqa: E402
 
 HERE = Path(__file__).parent
 # The longest test files (each over a minute on 2 cores: clusters, notebooks, fresh
-# environments) run first: with the files shared out in order between two test
-# processes (`make test`), one left to run a long file alone at the end costs its length.
+# environments) come first in a run in one process (TEST_WORKERS=1). `make test`'s
+# pytest-xdist hands the files out by their number of tests, the most first, and keeps
+# this order only among files of as many tests (all first, the Ray cluster files ran side
+# by side in both processes, which beside other load took over 20 minutes and failed).
 LONGEST_FIRST = [
     HERE / "launch" / "cluster",
     HERE / "notebooks" / "test_teaching_notebooks.py",
