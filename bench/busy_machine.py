@@ -47,8 +47,8 @@ def start_ray(temp_dir: str) -> None:
 
 
 def ray_processes(temp_dir: str) -> list[psutil.Process]:
-    """The processes of the cluster started with `temp_dir` (its path is in their command
-    lines or their working files): this cluster's, no other's."""
+    """The processes whose command line names `temp_dir`: with the cluster's directory,
+    that cluster's processes, no other's."""
     found = []
     for process in psutil.process_iter(["cmdline"]):
         try:
@@ -85,11 +85,18 @@ def main() -> int:
     temp_dir = tempfile.mkdtemp(prefix="busy-ray-", dir="/tmp")  # short: Ray's socket paths
     busy = start_busy(options.busy)
     load = {process.pid for process in busy}
+    cluster: set[int] = set()
     try:
         if not options.no_ray:
+            # What `ray start` leaves running: its processes new since just before it (its
+            # Ray Client server names neither the directory nor the session), and any
+            # whose command line names the cluster's directory.
+            before_ray = set(psutil.pids())
             start_ray(temp_dir)
-            load |= {process.pid for process in ray_processes(temp_dir)}
-            print(f"another Ray cluster runs on 6379/8265 ({len(load) - len(busy)} processes)")
+            cluster = {p.pid for p in ray_processes("ray") if p.pid not in before_ray}
+            cluster |= {process.pid for process in ray_processes(temp_dir)}
+            load |= cluster
+            print(f"another Ray cluster runs on 6379/8265 ({len(cluster)} processes)")
         print(f"{options.busy} busy processes; running: {' '.join(command)}", flush=True)
         before = {process.pid for process in psutil.process_iter()}
         started = time.monotonic()
@@ -98,7 +105,8 @@ def main() -> int:
     finally:
         end_processes({p.pid for p in busy}, seconds=10)
         if not options.no_ray:
-            end_processes({p.pid for p in ray_processes(temp_dir)}, seconds=10)
+            cluster |= {p.pid for p in ray_processes(temp_dir)}
+            end_processes(cluster, seconds=10)
     leftover = left_behind(before, load)
     print(f"the command ended with {status} after {took:.0f} s")
     if leftover:
