@@ -34,17 +34,17 @@ def _descendants() -> list[psutil.Process]:
     return alive
 
 
-def live_children(template: bool = False) -> list[psutil.Process]:
+def live_children() -> list[psutil.Process]:
     """This process's descendants that the running test started and that still run
     (zombies excluded).
 
     The template process of start method "forkserver" (launch/template.py) lasts
-    from one launch to the next on purpose: it is left out unless `template`
-    (the workers it forked are not).
+    from one launch to the next on purpose: it is left out (the workers it forked
+    are not).
     """
     from notebook_accel.launch.template import template_status
 
-    skip = None if template else template_status().pid
+    skip = template_status().pid
     return [
         child
         for child in _descendants()

@@ -552,9 +552,7 @@ class WorkerGroupBase:
         left alone: it ends on its own (its exit may not be noticed yet), and it was no
         consequence of this one."""
         for other in self.workers:
-            if other is worker or other.ended or other.stopped_for_peer:
-                continue
-            if other.error is not None:
+            if other is worker or other.ended or other.stopped_for_peer or other.error is not None:
                 continue
             other.stopped_for_peer = True
             with contextlib.suppress(NotImplementedError):
