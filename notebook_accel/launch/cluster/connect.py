@@ -22,6 +22,9 @@ REACH_SECONDS = 5.0
 # Ray's setting that keeps a cluster on the loopback interface, as it does on macOS
 # and Windows; Ray reads it when it is imported.
 LOOPBACK_SETTING = "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"
+# Starts of the kernel's own cluster before giving up: a node that missed Ray's fixed
+# registration wait on a busy machine is started afresh once.
+LOCAL_START_ATTEMPTS = 2
 
 
 def require_ray() -> Any:
@@ -156,27 +159,40 @@ def _start_local(ray: Any) -> None:
         constants.ENABLE_RAY_CLUSTER = False  # ray was imported before the setting
     # At least 2 CPUs: a launch's default is 2 CPU workers, on one core too (they share it).
     cpus = max(2, os.cpu_count() or 1)
-    running_before = descendant_pids()
-    try:
-        # "local": a new cluster of this kernel's own, even where another runs on this
-        # machine (without it, ray.init joins the one `ray start` left its address for).
-        ray.init(
-            address="local",
-            num_cpus=cpus,
-            include_dashboard=False,
-            log_to_driver=False,
-            logging_level="warning",
-        )
-    except Exception as error:
-        _end_failed_start(ray, running_before)
-        said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
-        raise RuntimeError(
-            "cluster='ray' without ray_address starts a Ray cluster of this machine alone, "
-            f"and it did not start (Ray said: {said or type(error).__name__}). Everything it "
-            "had started was stopped. Ray gives its processes 30 s to start, which a busy "
-            "machine can miss: run the cell again once the load eases. To use a Ray "
-            "cluster already running on this machine, pass ray_address='auto'."
-        ) from error
+    for attempt in range(1, LOCAL_START_ATTEMPTS + 1):
+        running_before = descendant_pids()
+        try:
+            # "local": a new cluster of this kernel's own, even where another runs on
+            # this machine (without it, ray.init joins the one `ray start` left its
+            # address for).
+            ray.init(
+                address="local",
+                num_cpus=cpus,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level="warning",
+            )
+            return
+        except Exception as error:
+            _end_failed_start(ray, running_before)
+            if attempt < LOCAL_START_ATTEMPTS and _node_missed_registration(error):
+                continue  # a fresh start, the first one's processes all ended
+            said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
+            tried = "" if attempt == 1 else f" ({attempt} tries)"
+            raise RuntimeError(
+                "cluster='ray' without ray_address starts a Ray cluster of this machine "
+                f"alone, and it did not start{tried} (Ray said: "
+                f"{said or type(error).__name__}). Everything it had started was stopped. "
+                "Ray gives its processes 30 s to start, which a busy machine can miss: "
+                "run the cell again once the load eases. To use a Ray cluster already "
+                "running on this machine, pass ray_address='auto'."
+            ) from error
+
+
+def _node_missed_registration(error: Exception) -> bool:
+    """Ray's start failed only on its fixed 30 s wait for the node to register
+    (ray/_private/node.py: not a setting), which a busy machine can miss."""
+    return "timed out during startup" in str(error)
 
 
 def descendant_pids() -> set[int]:

@@ -4,7 +4,8 @@ Each case runs in a fresh interpreter (the test process is already a driver of t
 suite's cluster): beside another Ray cluster that holds Ray's default ports, the
 kernel starts a cluster of its own rather than joining that one; and a start that
 fails (a node that never registers, as on a machine too busy for Ray's 30 s) ends
-every process it started and says why, with what to do.
+every process it started and says why, with what to do. A node that missed Ray's
+fixed registration wait once is started afresh, and the first start's processes end.
 """
 
 from __future__ import annotations
@@ -41,6 +42,30 @@ left = [c.name() for c in psutil.Process().children(recursive=True)
 print("RESULT " + json.dumps({"message": message, "left": left}))
 """
 
+# The first start's node never registers; the second start is Ray's own, untouched.
+FIRST_START_LOST = """
+import json, psutil, ray, ray._private.node as node
+from notebook_accel.launch.cluster import connect
+
+real = node.Node.start_ray_processes
+first_start = []
+
+def lost_once(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    if not first_start:
+        first_start.extend(c.pid for c in psutil.Process().children(recursive=True))
+        raise Exception("The current node timed out during startup.")
+
+node.Node.start_ray_processes = lost_once
+said = connect.connect(None)
+alive = ray.get(ray.remote(lambda: "ran").remote())
+first_left = [pid for pid in first_start if psutil.pid_exists(pid)
+              and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+ray.shutdown()
+print("RESULT " + json.dumps({"said": said, "alive": alive, "first": first_start,
+                              "first_left": first_left}))
+"""
+
 OWN_CLUSTER = """
 import json, ray
 from notebook_accel.launch.cluster import connect
@@ -70,8 +95,16 @@ def test_a_failed_start_stops_what_it_started_and_says_what_to_do():
     assert result["left"] == []  # no gcs_server, raylet or log_monitor runs on
     message = result["message"]
     assert message.startswith("cluster='ray' without ray_address starts a Ray cluster")
-    assert "timed out during startup" in message
+    assert "timed out during startup" in message and "(2 tries)" in message
     assert "run the cell again" in message and "ray_address='auto'" in message
+
+
+def test_a_node_that_missed_registration_once_is_started_afresh():
+    result = run(FIRST_START_LOST)
+    assert result["said"] == "a Ray cluster of this machine alone"
+    assert result["alive"] == "ran"  # the second start's cluster runs tasks
+    assert result["first"] != []  # the first start had processes of its own ...
+    assert result["first_left"] == []  # ... and none of them runs on
 
 
 def test_the_kernel_starts_its_own_cluster_beside_another(ray_cluster):
