@@ -126,6 +126,20 @@ def run_env(options: argparse.Namespace) -> int:
     return 0
 
 
+def tested_range_line() -> str:
+    """The tested range, and what of this machine is outside it (the private torch APIs
+    this torch lacks included)."""
+    from notebook_accel import internals
+    from notebook_accel.internals import tested_range
+
+    line = f"{tested_range.tested_range()}, Python {', '.join(tested_range.TESTED_PYTHON)}"
+    problems = [tested_range.untested()] if tested_range.untested() else []
+    lacking = [api.name for api in internals.missing()]
+    if lacking:
+        problems.append(f"this torch lacks {', '.join(lacking)} (see notebook_accel.internals)")
+    return line + "".join(f"\n  UNTESTED        {problem}" for problem in problems)
+
+
 def environment_report() -> str:
     import platform
     from importlib import metadata
@@ -145,6 +159,7 @@ def environment_report() -> str:
     lines.append(f"  Python          {platform.python_version()} ({platform.platform()})")
     cuda = f" (CUDA {torch.version.cuda})" if torch.version.cuda else " (CPU build)"
     lines.append(f"  torch           {torch.__version__}{cuda}")
+    lines.append(f"  tested on       {tested_range_line()}")
     for package in (
         "torch_xla",
         "notebook-accel",

@@ -39,6 +39,24 @@ def test_env_reports_versions_hardware_and_settings(capsys, monkeypatch):
         assert expected in out
 
 
+def test_env_says_when_this_torch_is_outside_the_tested_range(capsys, monkeypatch):
+    import torch
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from notebook_accel.internals.tested_range import tested_range
+
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert f"tested on       {tested_range()}, Python" in out
+    assert "UNTESTED" not in out  # the suite's own torch is in the range
+    monkeypatch.setattr(torch, "__version__", "2.8.0+cu126")
+    monkeypatch.delattr(DeviceMesh, "_flatten")
+    assert main(["env"]) == 0
+    out = capsys.readouterr().out
+    assert f"UNTESTED        torch 2.8.0+cu126 is outside the tested {tested_range()}" in out
+    assert "UNTESTED        this torch lacks DeviceMesh._flatten" in out
+
+
 def test_config_writes_checks_and_names_bad_keys_with_their_line(tmp_path, capsys):
     path = tmp_path / "launch.yaml"
     assert (

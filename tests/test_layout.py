@@ -15,16 +15,17 @@ PACKAGE = Path(__file__).resolve().parents[1] / "notebook_accel"
 
 # What each package may import (besides itself). docs/architecture.md draws it.
 MAY_IMPORT: dict[str, set[str]] = {
+    "internals": set(),
     "config": set(),
-    "platforms": {"config"},
+    "platforms": {"config", "internals"},
     "reporting": {"config"},
-    "training": {"config", "platforms", "reporting"},
+    "training": {"config", "platforms", "reporting", "internals"},
     "checkpoint": {"config", "training"},
     "accelerator": {"config", "platforms", "reporting", "training", "checkpoint", "big_modeling"},
-    "big_modeling": {"training"},
+    "big_modeling": {"training", "internals"},
     "views": {"reporting"},
     "launch": {"config", "platforms", "reporting", "training", "views"},
-    "live": {"config", "platforms", "reporting", "training", "views", "launch"},
+    "live": {"config", "platforms", "reporting", "training", "views", "launch", "internals"},
     "ui": {"config", "platforms", "reporting", "launch", "views"},
 }
 # The root: the public names, imported lazily, the command line, the demo, and the

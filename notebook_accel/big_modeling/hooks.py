@@ -29,6 +29,7 @@ from notebook_accel.big_modeling.tensors import (
     owner_of,
     set_module_tensor_to_device,
 )
+from notebook_accel.internals.tensors import to_device
 from notebook_accel.training.nested import apply_to_tensors
 
 logger = logging.getLogger(__name__)
@@ -291,7 +292,7 @@ def _guarded_move(model: nn.Module, name: str, *args: Any, **kwargs: Any) -> nn.
             "disk (they are on the meta device between forwards): call "
             "remove_hook_from_submodules(model) first, or dispatch it again with another map"
         )
-    moves_device = name != "to" or torch._C._nn._parse_to(*args, **kwargs)[0] is not None
+    moves_device = name != "to" or to_device(*args, **kwargs) is not None
     if moves_device:
         logger.warning(
             "moving a model spread over devices by dispatch_model puts it all on one; its "

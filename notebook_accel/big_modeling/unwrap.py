@@ -6,6 +6,8 @@ import sys
 
 from torch import nn
 
+from notebook_accel.internals import dynamo
+
 
 def _wrapper_classes() -> tuple[type, ...]:
     """Classes that hold the model as `.module`: DDP and DataParallel, and FSDP (version 1)
@@ -19,11 +21,6 @@ def _wrapper_classes() -> tuple[type, ...]:
     if deepspeed is not None and hasattr(deepspeed, "DeepSpeedEngine"):
         classes.append(deepspeed.DeepSpeedEngine)
     return tuple(classes)
-
-
-def _compiled_class() -> type | None:
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # None: nothing was compiled
-    return None if eval_frame is None else eval_frame.OptimizedModule
 
 
 def _unwrap_tree(module: nn.Module) -> nn.Module:
@@ -52,10 +49,10 @@ def extract_model_from_parallel(
             their own stay compiled.
         recursive: also replace every submodule that holds another as `.module` by it.
     """
-    compiled_class = _compiled_class()
+    compiled_class = dynamo.compiled_class()
     compiled = model if compiled_class and isinstance(model, compiled_class) else None
     if compiled is not None:
-        model = compiled._orig_mod
+        model = dynamo.wrapped_module(compiled)
     wrappers = _wrapper_classes()
     while isinstance(model, wrappers):
         model = model.module
@@ -66,6 +63,6 @@ def extract_model_from_parallel(
 
         restore_forward(model)
     if compiled is not None and keep_torch_compile:
-        compiled._orig_mod = model
+        dynamo.set_wrapped_module(compiled, model)
         return compiled
     return model

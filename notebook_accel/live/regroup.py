@@ -43,6 +43,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.internals import c10d, ddp
 from notebook_accel.training import ddp_teardown
 
 # How long each worker waits at the store for the others to start forming the group again.
@@ -91,8 +92,8 @@ def form_again(generation: int) -> dict[str, Any]:
     old = dist.group.WORLD
     backend = dist.get_backend(old)
     rank, world = dist.get_rank(), dist.get_world_size()
-    timeout = _timeout(old)
-    base = dist.distributed_c10d._get_default_store()
+    timeout = c10d.group_timeout(old)
+    base = c10d.default_store()
     dist.destroy_process_group()
     store = dist.PrefixStore(f"notebook_accel/formed_again/{generation}/", base)
     # Meet first with a short wait: gloo would wait for a missing peer the whole timeout.
@@ -102,13 +103,6 @@ def form_again(generation: int) -> dict[str, Any]:
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, **options)
     moved, sharded = _move_models(old, dist.group.WORLD)
     return {"ddp_models_moved": moved, "fsdp_models": sharded}
-
-
-def _timeout(group: dist.ProcessGroup) -> timedelta | None:
-    for device in group._device_types:
-        with contextlib.suppress(Exception):
-            return group._get_backend(device).options._timeout
-    return None
 
 
 def _move_models(old: dist.ProcessGroup, new: dist.ProcessGroup) -> tuple[int, list[str]]:
@@ -130,11 +124,9 @@ def _move_models(old: dist.ProcessGroup, new: dist.ProcessGroup) -> tuple[int, l
 # -- moving a DDP model ---------------------------------------------------------------
 #
 # DDP has no public way to change a model's process group. Its private
-# `_update_process_group` (made for elastic training) does it without a collective,
-# and does what is relied on here up to torch 2.13 at least; being private, a release
-# may rename, change or drop it (tests/live/test_ddp_private_api.py fails on the first
-# that does). Where it is missing, raises, or leaves the model on its old group, the
-# wrapper is built again around the same module on the new group.
+# `_update_process_group` does it without a collective (notebook_accel/internals/ddp.py);
+# where it is missing, raises, or leaves the model on its old group, the wrapper is
+# built again around the same module on the new group.
 
 _warned_rebuild = False
 
@@ -158,7 +150,7 @@ def move_ddp(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
     """Make the DDP `model` all-reduce over `new` from its next backward on, keeping its
     module, settings and communication hooks. Returns False (with a warning) if it stays
     on its old group: it must be prepared again."""
-    if _moved_by_torch(model, new):
+    if ddp.update_process_group(model, new):
         ddp_teardown.free_group_after_reducer(model)
         return True
     why_not = _cannot_rebuild(model)
@@ -176,19 +168,6 @@ def move_ddp(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
     _rebuild(model, new)
     ddp_teardown.free_group_after_reducer(model)
     return True
-
-
-def _moved_by_torch(model: DistributedDataParallel, new: dist.ProcessGroup) -> bool:
-    """Move `model` with DDP's private `_update_process_group`; False where that is gone,
-    raises (its signature or checks changed), or leaves the model on its old group."""
-    update = getattr(model, "_update_process_group", None)
-    if not callable(update):
-        return False
-    try:
-        update(new)
-    except (AttributeError, TypeError, ValueError, RuntimeError):
-        return False
-    return model.process_group is new
 
 
 def _warn_rebuild_once() -> None:
@@ -209,7 +188,7 @@ def _cannot_rebuild(model: DistributedDataParallel) -> str | None:
     (each of these registers hooks on the module or its parameters a second time)."""
     if getattr(model, "mixed_precision", None) is not None:
         return "uses DDP's own mixed_precision"
-    if getattr(model, "_delay_all_reduce_params", None):
+    if ddp.delays_all_reduce(model):
         return "delays the all-reduce of some parameters"
     if getattr(model, "device_mesh", None) is not None:
         return "was made for a device mesh"
@@ -224,7 +203,7 @@ def _rebuild(model: DistributedDataParallel, new: dist.ProcessGroup) -> None:
     hooks, lost = _comm_hooks(model, new)
     kept = {name: value for name, value in vars(model).items() if name in _MODULE_HOOKS and value}
     training = model.training
-    _unhook(model)
+    ddp.remove_gradient_hooks(model)
     DistributedDataParallel.__init__(model, model.module, process_group=new, **settings)
     vars(model).update(kept)
     model.training = training
@@ -250,7 +229,7 @@ def _settings(model: DistributedDataParallel) -> dict[str, Any]:
     settings[buffers] = getattr(model, "forward_sync_buffers", model.broadcast_buffers)
     if not getattr(model, "bucket_bytes_cap_default", True):  # the user set bucket_cap_mb
         settings["bucket_cap_mb"] = model.bucket_bytes_cap / 2**20
-    per_bucket = getattr(getattr(model, "_bucket_config", None), "per_bucket_bytes_caps", ())
+    per_bucket = ddp.per_bucket_caps(model)
     if per_bucket:
         settings["bucket_cap_mb_list"] = [cap / 2**20 for cap in per_bucket]
     # The replicas are in step already, and a collective here would have to come in the
@@ -266,30 +245,17 @@ def _comm_hooks(
     use the current default group, or their state's), and the names of those that cannot
     be: a state that holds another group, or a built-in hook (DDP does not list those)."""
     hooks, lost = [], []
-    for hook, state in getattr(model, "_comm_hooks", []):
+    for hook, state in ddp.comm_hooks(model):
         group = state if isinstance(state, dist.ProcessGroup) else None
         group = getattr(state, "process_group", group)
         if group is None or group is new:
             hooks.append((hook, state))
         else:
             lost.append(getattr(hook, "__qualname__", repr(hook)))
-    named = ""
-    with contextlib.suppress(Exception):
-        named = str(model._get_ddp_logging_data().get("comm_hook", ""))
+    named = ddp.builtin_comm_hook(model)
     if named and not hooks and not lost:
         lost.append(named)
     return hooks, lost
-
-
-def _unhook(model: DistributedDataParallel) -> None:
-    """Take the old wrapper's gradient hooks off the parameters before building it again.
-    The Python reducer's (compiled autograd) call the same object: they would all-reduce
-    each gradient a second time. The C++ reducer's go when it is freed; taken off here
-    too, in case something else still holds it."""
-    for handle in getattr(model, "_accum_grad_hooks", []):
-        handle.remove()
-    with contextlib.suppress(Exception):  # private as well; freeing the reducer is enough
-        model.reducer._remove_autograd_hooks()
 
 
 def _fsdp_kinds() -> set[type]:

@@ -17,6 +17,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from notebook_accel.internals import cuda as internal_cuda
 from notebook_accel.platforms import cuda_origin
 from notebook_accel.platforms.base import DistributedType, Platform
 from notebook_accel.platforms.collectives import Collectives
@@ -90,18 +91,18 @@ class CudaPlatform(Platform):
         # (tensor creation in C++ calls it by name too), so replacing it catches
         # a module that would start CUDA before anything has happened.
         cuda = torch.cuda
-        original = cuda._lazy_init
+        original = internal_cuda.lazy_init(cuda)
 
         def lazy_init(*args: Any, **kwargs: Any) -> Any:
             if refuse():
                 raise RuntimeError("it would initialise CUDA")
             return original(*args, **kwargs)
 
-        cuda._lazy_init = lazy_init
+        internal_cuda.replace_lazy_init(cuda, lazy_init)
 
         def undo() -> None:
-            if cuda._lazy_init is lazy_init:
-                cuda._lazy_init = original
+            if internal_cuda.lazy_init(cuda) is lazy_init:
+                internal_cuda.replace_lazy_init(cuda, original)
 
         return undo
 
@@ -206,14 +207,14 @@ def cuda_device_count() -> int:
     """GPUs visible to torch, counted through NVML so CUDA stays uninitialised."""
     import torch
 
-    if not torch.cuda._is_compiled():
+    if not internal_cuda.is_compiled():
         return 0
     if torch.cuda.is_initialized():  # nothing left to protect
         return torch.cuda.device_count()
     # torch.cuda.device_count() falls back to the CUDA runtime (which initialises
     # the driver, so forked workers could no longer use CUDA) when NVML cannot
     # count, as with MIG UUIDs in CUDA_VISIBLE_DEVICES. Count without it.
-    count = torch.cuda._device_count_nvml()
+    count = internal_cuda.device_count_nvml()
     if count >= 0:
         return count
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")

@@ -19,6 +19,8 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any
 
+from notebook_accel.internals import cuda as internal_cuda
+
 if TYPE_CHECKING:
     import traceback
 
@@ -121,7 +123,7 @@ def _wrap(cuda: Any) -> None:
     if cuda.is_initialized():
         _record(_before_watching())
         return
-    original = cuda._lazy_init
+    original = internal_cuda.lazy_init(cuda)
 
     def lazy_init(*args: Any, **kwargs: Any) -> Any:
         if _origin is not None or cuda.is_initialized():
@@ -135,7 +137,7 @@ def _wrap(cuda: Any) -> None:
         return result
 
     lazy_init.__wrapped__ = original
-    cuda._lazy_init = lazy_init
+    internal_cuda.replace_lazy_init(cuda, lazy_init)
 
 
 class _TorchCudaFinder:

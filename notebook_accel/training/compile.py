@@ -7,12 +7,17 @@ compiled. `unwrap_compiled` takes that layer off.
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable
 
 import torch
 
 from notebook_accel.config.kwargs import TorchDynamoPlugin
+from notebook_accel.internals.dynamo import (
+    compiled_class,
+    compiled_like,
+    original_module,
+    wrapped_module,
+)
 
 
 def plugin_for(
@@ -45,25 +50,18 @@ def compile_model(model: torch.nn.Module, plugin: TorchDynamoPlugin) -> torch.nn
 
 def unwrap_compiled(model: torch.nn.Module) -> torch.nn.Module:
     """The module `torch.compile` wrapped (the model itself when it was not compiled)."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None:  # nothing was compiled in this process (and dynamo stays unloaded)
-        return model
-    while isinstance(model, eval_frame.OptimizedModule):
-        model = model._orig_mod
-    return model
+    return original_module(model)
 
 
 def compiled_wrapper(model: torch.nn.Module) -> torch.nn.Module | None:
     """The outermost `torch.compile` wrapper of `model`, or None when it is not compiled."""
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")
-    if eval_frame is None or not isinstance(model, eval_frame.OptimizedModule):
-        return None
-    return model
+    wrapper = compiled_class()  # None: nothing was compiled here (dynamo stays unloaded)
+    return model if wrapper is not None and isinstance(model, wrapper) else None
 
 
 def recompiled_around(compiled: torch.nn.Module, model: torch.nn.Module) -> torch.nn.Module:
     """`model` under the compile settings of `compiled`, leaving `compiled` as it is
     (Accelerate repoints the prepared one, which then bypasses its DDP wrapper)."""
-    if compiled._orig_mod is model:
+    if wrapped_module(compiled) is model:
         return compiled
-    return type(compiled)(model, compiled.dynamo_ctx)
+    return compiled_like(compiled, model)

@@ -17,9 +17,9 @@ whose new DDP has another layout sums its first step in the saved one
 buckets of the saved layout, the same values in the same places as the saved run's
 DDP would. DDP then rebuilds its own buckets from that step, as the saved run's did,
 and the hook passes every later bucket on to the plain all-reduce. Reading and
-settling the layout uses DDP's private `reducer._rebuild_buckets` and
-`reducer._get_zeros_like_grad_buckets`; tests/checkpoint fail on a torch release
-where they no longer do this (resume bit-identical at 3 and 4 processes).
+settling the layout uses DDP's private reducer (notebook_accel/internals/ddp.py);
+tests/checkpoint fail on a torch release where it no longer does this (resume
+bit-identical at 3 and 4 processes).
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from notebook_accel.internals import ddp as ddp_internals
 from notebook_accel.training.compile import unwrap_compiled
 
 # Below this many processes every layout sums alike (a + b == b + a).
@@ -47,14 +48,11 @@ def bucket_layout(model: torch.nn.Module) -> Layout | None:
     the model is not wrapped in DDP). A rebuild DDP would make at its next forward is
     made now, so that the layout read is the one the next step uses."""
     ddp = ddp_of(model)
-    reducer = getattr(ddp, "reducer", None)
-    needed = ("_rebuild_buckets", "_get_zeros_like_grad_buckets")
-    if reducer is None or not all(hasattr(reducer, name) for name in needed):
+    buckets = None if ddp is None else ddp_internals.bucket_parameters(ddp)
+    if buckets is None:
         return None  # a torch without them: resumes as DDP alone does (the tests say so)
-    reducer._rebuild_buckets()  # what DDP's next forward would do first
     names = {id(p): name for name, p in ddp.module.named_parameters()}
-    buckets = reducer._get_zeros_like_grad_buckets()
-    return [[names[id(p)] for p in bucket.parameters()] for bucket in buckets]
+    return [[names[id(p)] for p in bucket] for bucket in buckets]
 
 
 def sum_first_step_in(model: torch.nn.Module, saved: Layout | None) -> bool:
@@ -68,7 +66,7 @@ def sum_first_step_in(model: torch.nn.Module, saved: Layout | None) -> bool:
     ddp = ddp_of(model)
     if ddp is None or saved is None or ddp.find_unused_parameters or ddp.static_graph:
         return False
-    if dist.get_world_size(ddp.process_group) < ORDER_MATTERS_FROM or ddp._comm_hooks:
+    if dist.get_world_size(ddp.process_group) < ORDER_MATTERS_FROM or ddp_internals.comm_hooks(ddp):
         return False
     if bucket_layout(model) == saved:
         return False

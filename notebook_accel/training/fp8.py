@@ -174,11 +174,9 @@ def _allow_recompiles(shapes: int) -> None:
     float8 is slower than bf16: so the limit is raised (never lowered) to 4
     entries per shape.
     """
-    import torch._dynamo
+    from notebook_accel.internals.dynamo import raise_recompile_limit
 
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    setattr(config, name, max(getattr(config, name), 4 * shapes))
+    raise_recompile_limit(4 * shapes)
 
 
 def _check_alignment(plan: Float8Plan, config: Any) -> None:

@@ -339,7 +339,8 @@ def read_own_shards(
     """
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.api import CheckpointException
-    from torch.utils._pytree import tree_map_only
+
+    from notebook_accel.internals.tensors import tree_map_only
 
     empty = [optimizer for optimizer in optimizers if not _inner(optimizer).state]
     state = _state(models, optimizers)

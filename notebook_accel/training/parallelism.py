@@ -31,6 +31,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_accel.internals.mesh import flatten, require_flatten
+
 # Outermost first: neighbouring ranks differ in the innermost dimension.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
 _ENV = "PARALLELISM_CONFIG_{}"  # Accelerate's variables, e.g. PARALLELISM_CONFIG_TP_SIZE
@@ -104,6 +106,10 @@ class ParallelismConfig:
             raise NotImplementedError(
                 f"sp_size={self.sp_size}: sequence parallelism is DeepSpeed's (Ulysses), and "
                 "notebook_accel does not use DeepSpeed; shard with dp_shard_size instead."
+            )
+        if self.dp_shard_cp_dim_names:
+            require_flatten(
+                f"ParallelismConfig(dp_shard_size={self.dp_shard_size}, cp_size={self.cp_size})"
             )
 
     # -- sizes and names (Accelerate's properties) -----------------------------------
@@ -217,7 +223,7 @@ class ParallelismConfig:
         if self.dp_shard_cp_dim_names:
             # torch's only way to name a group of dimensions as one (Accelerate does the
             # same): FSDP2 then shards over dp_shard x cp as one dimension.
-            flat = mesh[tuple(self.dp_shard_cp_dim_names)]._flatten("dp_shard_cp")
+            flat = flatten(mesh[tuple(self.dp_shard_cp_dim_names)], "dp_shard_cp")
             self._dp_shard_cp_mesh = flat
         return mesh
 
