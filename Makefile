@@ -29,6 +29,7 @@ SITE ?= site
 # fresh environment (a browser, Ray clusters, Jupyter kernels, the docs site, the
 # torch_xla environment, Accelerate's reference runs, a fresh Binder environment).
 QUICK_LEAVES_OUT := tests/browser tests/launch/cluster tests/notebooks tests/docs tests/xla \
+	tests/torch_range \
 	tests/compat tests/test_binder.py
 
 .PHONY: demo test test-quick env browser trackers docs

@@ -23,12 +23,43 @@ HERE = Path(__file__).parent
 # this order only among files of as many tests (all first, the Ray cluster files ran side
 # by side in both processes, which beside other load took over 20 minutes and failed).
 LONGEST_FIRST = [
+    HERE / "torch_range",
     HERE / "launch" / "cluster",
     HERE / "notebooks" / "test_teaching_notebooks.py",
     HERE / "test_binder.py",
     HERE / "xla" / "test_xla_cpu_device.py",
     HERE / "live" / "test_live_workers.py",
 ]
+
+
+# Handed out first under pytest-xdist (make test), ahead of its order by test count: the
+# longest file, whose few tests each run a whole pytest on another torch (minutes), and
+# which started last would leave the other process idle at the end.
+XDIST_FIRST = ["tests/torch_range/test_torch_range.py"]
+
+
+class FirstFilesScheduling:
+    """A pytest-xdist plugin: `--dist loadfile`, with the XDIST_FIRST files first."""
+
+    @pytest.hookimpl
+    def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
+        if config.getoption("dist") != "loadfile":
+            return None
+        from xdist.scheduler import LoadFileScheduling
+
+        class Scheduling(LoadFileScheduling):
+            def _assign_work_unit(self, node) -> None:
+                for scope in reversed(XDIST_FIRST):
+                    if scope in self.workqueue:
+                        self.workqueue.move_to_end(scope, last=False)
+                super()._assign_work_unit(node)
+
+        return Scheduling(config, log)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if config.pluginmanager.hasplugin("xdist"):
+        config.pluginmanager.register(FirstFilesScheduling(), "first-files-scheduling")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -85,7 +85,8 @@ def _require(package: str, pip_name: str, tracker: str) -> None:
     if not probes.package_available(package):
         raise ImportError(
             f"log_with={tracker!r} needs the {pip_name} package, which is not installed: "
-            f"pip install {pip_name}, or leave {tracker!r} out of log_with."
+            f"pip install {pip_name} (or pip install 'notebook-accel[trackers]' for every "
+            f"tracker), or leave {tracker!r} out of log_with."
         )
 
 

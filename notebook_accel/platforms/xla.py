@@ -70,6 +70,7 @@ def missing_torch_xla(platform: str = "") -> str:
     if _release(torch.__version__) > LAST_TORCH_XLA:
         version = torch.__version__.split("+")[0]
         fix += f" (torch_xla has no release for torch {version}; its last one needs torch 2.9)"
+    fix += " (the xla extra, pip install 'notebook-accel[xla]', brings that pair)"
     if platform == "kaggle":
         # A notebook pinned to an older environment, or to the CPU/GPU image,
         # runs without torch_xla even on a TPU (Kaggle/kaggle-cli#1197).

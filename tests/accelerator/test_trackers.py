@@ -7,6 +7,7 @@ reader); the other libraries through stand-in modules that record the calls
 
 from __future__ import annotations
 
+import re
 import sys
 import types
 
@@ -61,7 +62,8 @@ def test_all_starts_every_installed_tracker_and_no_other(tmp_path):
 
 def test_a_named_tracker_whose_package_is_missing_is_refused_naming_it(tmp_path, monkeypatch):
     monkeypatch.setattr(probes, "package_available", lambda name: name != "wandb")
-    with pytest.raises(ImportError, match="needs the wandb package.*pip install wandb"):
+    extra = re.escape("pip install 'notebook-accel[trackers]'")
+    with pytest.raises(ImportError, match=f"needs the wandb package.*pip install wandb.*{extra}"):
         Accelerator(cpu=True, log_with=["tensorboard", "wandb"], project_dir=tmp_path)
 
 

@@ -21,24 +21,9 @@ HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
 
 import make_env  # noqa: E402
+import venv_cache  # noqa: E402
 
 from tests_support import PROMPTLY  # noqa: E402
-
-
-def _pip_can_find_torch_xla() -> bool:
-    """Whether pip, with its own configuration (index, extra indexes, find-links,
-    proxy), finds the torch_xla release make_env.py installs: then a failed build
-    is a real failure, not a machine without the package."""
-    try:
-        done = subprocess.run(
-            [sys.executable, "-m", "pip", "index", "versions", "torch_xla"],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return done.returncode == 0 and make_env.TORCH_XLA_VERSION in done.stdout
 
 
 @pytest.fixture(scope="module")
@@ -46,7 +31,7 @@ def xla_python() -> Path:
     try:
         return make_env.ensure()
     except (subprocess.CalledProcessError, SystemExit) as error:
-        if not _pip_can_find_torch_xla():
+        if not venv_cache.pip_finds("torch_xla", make_env.TORCH_XLA_VERSION):
             pytest.skip(
                 f"the torch_xla environment cannot be built: pip finds no torch_xla "
                 f"{make_env.TORCH_XLA_VERSION} with its configuration ({error}); run "

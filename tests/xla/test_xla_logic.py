@@ -373,6 +373,7 @@ def test_missing_torch_xla_says_how_to_install():
     assert message.startswith("This TPU VM is a TPU v5e-8 (8 chips, 1 core each), but the XLA")
     assert f"needs torch_xla, which is not installed: {install_command()}" in message
     assert "then restart the kernel" in message
+    assert "pip install 'notebook-accel[xla]'" in message  # the extra is named
 
 
 def test_kaggle_tpu_without_torch_xla_is_refused_with_the_fix(tmp_path, monkeypatch):
