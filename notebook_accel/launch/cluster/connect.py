@@ -183,9 +183,10 @@ def _start_local(ray: Any) -> None:
                 "cluster='ray' without ray_address starts a Ray cluster of this machine "
                 f"alone, and it did not start{tried} (Ray said: "
                 f"{said or type(error).__name__}). Everything it had started was stopped. "
-                "Ray gives its processes 30 s to start, which a busy machine can miss: "
-                "run the cell again once the load eases. To use a Ray cluster already "
-                "running on this machine, pass ray_address='auto'."
+                "Ray gives its processes fixed times to start (its node 30 s, and its "
+                "dashboard agent 15 s, or the node's raylet exits), which a busy machine "
+                "can miss: run the cell again once the load eases. To use a Ray cluster "
+                "already running on this machine, pass ray_address='auto'."
             ) from error
 
 
