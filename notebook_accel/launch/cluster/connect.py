@@ -184,15 +184,18 @@ def _start_local(ray: Any) -> None:
                 f"alone, and it did not start{tried} (Ray said: "
                 f"{said or type(error).__name__}). Everything it had started was stopped. "
                 "Ray gives its processes fixed times to start (its node 30 s, and its "
-                "dashboard agent 15 s, or the node's raylet exits), which a busy machine "
-                "can miss: run the cell again once the load eases. To use a Ray cluster "
-                "already running on this machine, pass ray_address='auto'."
+                "dashboard agent 15 s, or the node's raylet exits: ray-project/ray#65983), "
+                "which a busy machine can miss: run the cell again once the load eases. To "
+                "use a Ray cluster already running on this machine, pass ray_address='auto'."
             ) from error
 
 
 def _node_missed_registration(error: Exception) -> bool:
     """Ray's start failed only on its fixed 30 s wait for the node to register
-    (ray/_private/node.py: not a setting), which a busy machine can miss."""
+    (ray/_private/node.py: not a setting), which a busy machine can miss. It is also
+    what Ray says when the node's raylet exited because the dashboard agent had not
+    written its port files within 15 s (ray-project/ray#65983; pinning the agent's ports
+    does not skip that wait, Ray 2.60)."""
     return "timed out during startup" in str(error)
 
 
