@@ -1,6 +1,6 @@
 """Each end of the tested torch range (notebook_accel/internals/tested_range.py), in an environment
 that holds that torch and what `pip install notebook_accel` brings, nothing more
-(tests/torch_range/make_env.py builds it once, outside the checkout):
+(tests/torch_range/range_env.py builds it once, outside the checkout):
 
 - the environment is bare: every package in it is torch, a declared dependency, or
   something one of those requires (so an undeclared one fails the base features);
@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 
-import make_env  # noqa: E402
+import range_env  # noqa: E402
 import venv_cache  # noqa: E402
 
 # Each torch builds its environment once (minutes, several GB) and then runs the subset.
@@ -55,17 +55,17 @@ SUBSET = [
 SEEDED = {"pip", "setuptools"}
 
 
-@pytest.fixture(scope="module", params=make_env.versions(), ids=lambda v: f"torch{v}")
+@pytest.fixture(scope="module", params=range_env.versions(), ids=lambda v: f"torch{v}")
 def torch_env(request) -> tuple[str, Path]:
     version = request.param
     try:
-        return version, make_env.ensure(version)
+        return version, range_env.ensure(version)
     except (subprocess.CalledProcessError, SystemExit) as error:
         if not venv_cache.pip_finds("torch", version):
             pytest.skip(
                 f"the torch {version} environment cannot be built: pip finds no torch "
                 f"{version} with its configuration ({error}); run "
-                "`python tests/torch_range/make_env.py` where its package index is reachable"
+                "`python tests/torch_range/range_env.py` where its package index is reachable"
             )
         raise
 
@@ -157,7 +157,7 @@ def test_the_compatibility_subset_passes(torch_env, tmp_path):
         text=True,
         timeout=1200,
         cwd=REPO,
-        env=clean_environment(REPO, REPO / "tests", make_env.tools_dir(version)),
+        env=clean_environment(REPO, REPO / "tests", range_env.tools_dir(version)),
     )  # fmt: skip
     summary = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
     print(f"torch {version}: {summary}")

@@ -11,8 +11,8 @@ compatibility subset, so the bare environment stays bare.
 Like the XLA one, each lives outside the checkout, keyed by torch and Python, and holds
 nothing that points at a checkout (tests/venv_cache.py):
 
-    python tests/torch_range/make_env.py            # build or reuse both; print them
-    python tests/torch_range/make_env.py 2.14.1     # only that one
+    python tests/torch_range/range_env.py            # build or reuse both; print them
+    python tests/torch_range/range_env.py 2.14.1     # only that one
 """
 
 from __future__ import annotations
