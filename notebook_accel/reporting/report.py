@@ -282,6 +282,18 @@ class RunReport:
         """Whether the run has reported progress or metrics so far."""
         return self.progress is not None or bool(self.metrics)
 
+    def last_step(self) -> int | None:
+        """The main rank's newest step: its progress bar's position, else the step of its
+        newest `Accelerator.log` record (a record without one counts as the record's
+        place, as on the chart); None before either arrives."""
+        if self.progress:
+            return self.progress["step"]
+        for place in range(len(self.metrics) - 1, -1, -1):
+            record = self.metrics[place]
+            if record.rank == self.main_rank:
+                return record.step if record.step is not None else place + 1
+        return None
+
     def curve_name(self) -> str | None:
         """The metric a chart shows: the first with 'loss' in its name, else the first."""
         for name in self.curves:

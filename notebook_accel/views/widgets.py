@@ -36,6 +36,7 @@ class RunWidgets:
             value=0, min=0, max=1, description="", layout=widgets.Layout(width="320px")
         )
         self.bar_label = widgets.Label(value="waiting for the first step")
+        self.bar_label.add_class("notebook-accel-progress")
         self.ranks = widgets.HTML()
         self.metrics = widgets.HTML()
         self.chart = widgets.HTML()
@@ -58,21 +59,28 @@ class RunWidgets:
         soon after the last one, unless `force` (views/output.py)."""
         # The output first: whoever waits for the outcome then finds every line drawn.
         self._refresh_output(report, force)
-        progress = report.progress
-        if progress:
-            total = progress.get("total") or max(progress["step"], 1)
-            self.bar.max = total
-            self.bar.value = min(progress["step"], total)
-            self.bar_label.value = fmt.progress_line(
-                progress["step"], progress.get("total"), progress["elapsed"]
-            )
-        if report.status in FINAL_STATUSES:
-            self.bar.bar_style = "success" if report.status == "finished" else "danger"
+        self._refresh_progress(report)
         self.ranks.value = ranks_html(report)
         self.metrics.value = metrics_html(report)
         name = report.curve_name()
         if name is not None:
             self.chart.value = line_chart(report.curves[name], title=name)
+
+    def _refresh_progress(self, report: RunReport) -> None:
+        progress = report.progress
+        if progress:
+            total = progress.get("total") or max(progress["step"], 1)
+            self.bar.max = total
+            self.bar.value = min(progress["step"], total)
+        elif report.status == "finished":
+            self.bar.max, self.bar.value = 1, 1  # steps without a progress bar: all done
+        else:
+            self.bar.max, self.bar.value = 1, 0
+        if report.status in FINAL_STATUSES:
+            self.bar.bar_style = "success" if report.status == "finished" else "danger"
+        else:
+            self.bar.bar_style = ""  # a new run in a panel that showed an ended one
+        self.bar_label.value = progress_text(report)
 
     def _refresh_output(self, report: RunReport, force: bool) -> None:
         if self.output_mode == "collapsed" and self.output_section is None:
@@ -84,6 +92,25 @@ class RunWidgets:
             self.box.children = (*self.box.children, self.output_section)
         if self.output_mode != "none":
             self.output.refresh(report, force=force)
+
+
+def progress_text(report: RunReport) -> str:
+    """The line beside the progress bar: the run's step while it runs (its progress
+    bar's, else its newest logged one), then how it ended and at which step."""
+    step = report.last_step()
+    progress = report.progress
+    if report.status not in FINAL_STATUSES:
+        if progress:
+            return fmt.progress_line(progress["step"], progress.get("total"), progress["elapsed"])
+        if step is not None:
+            return f"step {step}"
+        return "starting" if report.status == "starting" else "waiting for the first step"
+    if step is None:
+        where = "" if report.status == "finished" else " before the first step"
+    else:
+        total = progress.get("total") if progress else None
+        where = f" at step {step}/{total}" if total else f" at step {step}"
+    return f"{report.status}{where} · {fmt.duration(report.duration)}"
 
 
 def ranks_html(report: RunReport) -> str:

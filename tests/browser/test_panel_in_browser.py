@@ -76,6 +76,9 @@ def test_launch_with_bf16_from_the_panel_then_stop_a_long_run(lab_server, page):
     assert chart.is_visible()
     assert quick.locator("svg.notebook-accel-chart").get_attribute("aria-label") == "loss"
     assert len(quick.locator(".notebook-accel-rank[data-status=finished]").all()) == 2
+    # The progress line follows the run to its end, as the outcome does.
+    progress = quick.locator(".notebook-accel-progress")
+    progress.filter(has_text="finished at step 30/30").wait_for(timeout=10_000)
     screenshot(page, "panel-finished", locator=quick)
 
     # A long run: launch, see it running, stop it, launch again.
@@ -87,6 +90,8 @@ def test_launch_with_bf16_from_the_panel_then_stop_a_long_run(lab_server, page):
     stopped = slow.locator(".notebook-accel-outcome").filter(has_text="stopped")
     stopped.wait_for(timeout=PROMPTLY * 1000)
     assert "every worker was terminated" in slow.locator(".notebook-accel-result").inner_text()
+    stopped_at = re.compile(r"stopped at step \d+/100000")
+    slow.locator(".notebook-accel-progress").filter(has_text=stopped_at).wait_for(timeout=10_000)
     screenshot(page, "panel-stopped", locator=slow)
     slow.locator("button.notebook-accel-launch").click()
     slow.locator(".notebook-accel-outcome").filter(has_text="running").wait_for(timeout=30_000)

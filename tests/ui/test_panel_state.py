@@ -132,6 +132,9 @@ def test_launch_from_the_panel_runs_workers_and_shows_the_run():
     assert "running in bf16" in logs and "[rank 1] running in bf16" in logs
     assert "<polyline" in panel.run_widgets.chart.value
     assert "finished" in panel.run_widgets.ranks.value
+    # The progress line follows the logged steps (no progress bar here) to the end.
+    assert panel.run_widgets.bar_label.value.startswith("finished at step 19 · ")
+    assert panel.run_widgets.bar.value == panel.run_widgets.bar.max
     assert "Result" in panel.outcome.value and not panel.launch_button.disabled
 
 
@@ -148,10 +151,14 @@ def test_stop_ends_the_run_quickly_and_the_next_launch_works():
     assert live_children() == []
     assert panel.report.status == "stopped" and "Stopped" in panel.outcome.value
     assert "stopped" in panel.run_widgets.ranks.value
+    assert panel.run_widgets.bar_label.value.startswith("stopped before the first step")
     panel.function = precision_and_log
     panel.args = (2,)
     panel.launch()
     assert panel.wait(60) and panel.result == "no"
+    # The next run's line and bar are its own, not the stopped run's.
+    assert panel.run_widgets.bar_label.value.startswith("finished at step 1 · ")
+    assert panel.run_widgets.bar.bar_style == "success"
 
 
 def fails_on_rank_one():
@@ -169,6 +176,8 @@ def test_a_failed_run_shows_the_worker_traceback():
     assert isinstance(panel.error, WorkerError)
     assert "ValueError: rank one broke" in panel.outcome.value
     assert "failed" in panel.run_widgets.ranks.value
+    assert panel.run_widgets.bar_label.value.startswith("failed before the first step · ")
+    assert panel.run_widgets.bar.bar_style == "danger"
 
 
 def test_bad_arguments_are_shown_in_the_panel_and_nothing_starts():
