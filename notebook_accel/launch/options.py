@@ -456,7 +456,8 @@ OPTIONS: dict[str, Option] = {
             120.0,
             "with cluster='ray': seconds the workers' processes stay up after a run, holding "
             "their GPUs or CPUs, so that the next launch starts at once (0: release at once; "
-            "a stopped run always releases them)",
+            "a stopped run always releases them; live workers keep them after close() only "
+            "when it is given)",
             _seconds("keep_warm"),
             "float",
             parse=float,

@@ -143,7 +143,9 @@ class LiveWorkers:
         self.start()
 
     def close(self) -> None:
-        """Let the workers finish and exit, then release everything (once; safe to repeat)."""
+        """Let the workers finish and exit, then release everything (once; safe to repeat):
+        on a Ray cluster their agents, placement group, GPUs and CPUs too, unless
+        `start_workers` was given `keep_warm`."""
         group = self._group
         if group is None:
             return

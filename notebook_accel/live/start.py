@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from notebook_accel.launch.preflight import plan_launch
@@ -24,6 +25,9 @@ def start_workers(
     start_method, ...), checked the same way before anything starts;
     `timeout` becomes every call's default timeout. `live`: show a live view
     of metrics under a cell whose call logs them (default: in a notebook).
+    On a Ray cluster (`cluster="ray"`), `close()` frees the workers' agents,
+    placement group, GPUs and CPUs; with `keep_warm=S` the agents stay up S
+    seconds after it instead, for the next group or launch of the same shape.
 
     Returns the running group: `run(fn, *args)`, `run_cell(source)`,
     `restart()`, `close()`. In IPython it also enables `%%on_workers`.
@@ -36,6 +40,10 @@ def start_workers(
     plan = plan_launch(
         function=serve, num_processes=num_processes, single_in_process=False, **options
     )
+    if plan.cluster is not None and "keep_warm" not in options:
+        # close() means done: keep the agents warm only when the user asked for it
+        # (a launch keeps them by default, for the next launch).
+        plan = dataclasses.replace(plan, cluster=dataclasses.replace(plan.cluster, keep_warm=0.0))
     workers = LiveWorkers(plan, observers=observers, live=live)
     workers.start()
     register_magic(workers)

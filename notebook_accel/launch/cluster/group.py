@@ -18,10 +18,14 @@ calls) is the same code as for local workers.
   exactly as a local worker's do. Nothing connects back to the kernel: only
   the kernel reaches the cluster, so Ray Client (`ray://`) works too.
 - Losing: an agent that stops answering (its node left the cluster) is a
-  lost worker, named with its node; the others are stopped as for any failure.
+  lost worker, named with its node and what became of it in our words (Ray's
+  error text about its actor stays out of the message); the others are
+  stopped as for any failure.
 - Stopping: every agent ends its worker (SIGTERM, then SIGKILL) and returns
-  its last output. The pool is then kept warm, or released at once when the
-  run was stopped, timed out or lost a node.
+  its last output. The pool is then kept warm for the request's `keep_warm`
+  seconds (0 for live workers unless the user passed it: their close() frees
+  everything), or released at once when the run was stopped, timed out or
+  lost a node.
 """
 
 from __future__ import annotations
@@ -239,22 +243,21 @@ class RayWorkerGroup(WorkerGroupBase):
             self._emit_lines(pipe, pipe.lines.flush())
 
     def _lose(self, worker: _Worker, error: BaseException | None, because: str = "") -> None:
-        """`worker`'s agent cannot be reached: its node left the cluster, most often."""
+        """`worker` ended without a word from it: `because` says why, followed by Ray's
+        error; without `because`, its agent cannot be reached (its node left the
+        cluster, most often), said in our words alone: Ray's text for that is about its
+        actor's calls ("Connection reset by peer ... may or may not have been executed")."""
         if worker.ended:
             return
         place: Place = worker.process
-        if not because:
-            gone = place.info.node_id not in {node.node_id for node in alive_nodes()}
-            because = (
-                "its node left the cluster"
-                if gone
-                else "its node stopped answering (it left the cluster, or the network to it "
-                "is down)"
-            )
+        if because:
+            detail = _first_line(error)
+            lost = f"{because} ({detail})" if detail else because
+        else:
+            lost = _node_lost(place.info.node_id)
             node_lost(place.info.node_id)
-        detail = _first_line(error)
         self._flush(worker)
-        self._exited(worker, None, lost=f"{because} ({detail})" if detail else because)
+        self._exited(worker, None, lost=lost)
 
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
@@ -327,8 +330,10 @@ class RayWorkerGroup(WorkerGroupBase):
                 worker = stops[ref]
                 try:
                     self._deliver(worker, ray.get(ref))
-                except ray.exceptions.RayError as error:
+                except ray.exceptions.RayActorError as error:
                     self._lose(worker, error)
+                except ray.exceptions.RayError as error:
+                    self._lose(worker, error, because="its agent failed")
             for ref in unready:
                 self._lose(
                     stops[ref],
@@ -394,6 +399,15 @@ def import_what_a_run_uses() -> None:
 
     from notebook_accel.launch import channel  # noqa: F401
     from notebook_accel.launch.cluster import pool  # noqa: F401
+
+
+def _node_lost(node_id: str) -> str:
+    """Why a worker whose agent stopped answering was lost (what the docs quote): Ray
+    marks a node dead only after it missed its health checks for some seconds, so
+    until then the kernel cannot tell a node gone from a network down."""
+    if node_id not in {node.node_id for node in alive_nodes()}:
+        return "its node left the cluster"
+    return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
 def _first_line(error: BaseException | None) -> str:

@@ -8,9 +8,11 @@ LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
 
 After a run the pool stays up for `keep_warm` seconds, so the next launch
 with the same shape reuses its agents (their processes, their imports) and
-starts in a fraction of a second. A run that was stopped, timed out or lost
-a node releases its pool at once: every agent is killed and the placement
-group removed, which frees its GPUs and CPUs for the cluster's other work.
+starts in a fraction of a second. Live workers' `close()` releases theirs at
+once, unless `start_workers` was given `keep_warm` (live/start.py). A run
+that was stopped, timed out or lost a node releases its pool at once: every
+agent is killed and the placement group removed, which frees its GPUs and
+CPUs for the cluster's other work.
 The pool belongs to this kernel's Ray job, so Ray removes it if the kernel
 dies; `release_cluster()` frees a warm pool earlier.
 """

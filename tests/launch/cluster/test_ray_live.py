@@ -1,5 +1,6 @@
-"""Live workers on a Ray cluster of two nodes: a model stays on every node between calls, and
-calls fail, stop and regroup as they do on one machine."""
+"""Live workers on a Ray cluster of two nodes: a model stays on every node between calls,
+calls fail, stop and regroup as they do on one machine, and close() frees what they held
+(their agents are kept warm only when keep_warm is passed)."""
 
 from __future__ import annotations
 
@@ -83,3 +84,39 @@ def test_a_model_stays_on_every_node_and_calls_fail_and_regroup_as_on_one_machin
     finally:
         workers.close()
     assert not workers.alive
+
+
+def agent_of_this_worker():
+    return os.getppid()  # a worker is forked from its agent
+
+
+def test_close_frees_every_agent_placement_group_and_cpu(ray_cluster):
+    # Imported here: a live call names this module for its workers to import, and they
+    # do not have the tests' own folder on their path.
+    from cluster_support import wait_until_nothing_is_left
+
+    workers = start_workers(2, **ON_TWO_NODES)
+    try:
+        assert len(set(workers.run(agent_of_this_worker, return_all=True))) == 2
+    finally:
+        workers.close()
+    # Before the fixture's release_cluster(): close() alone frees them.
+    assert wait_until_nothing_is_left(ray_cluster) == []
+
+
+def test_with_keep_warm_close_keeps_the_agents_for_the_next_group(ray_cluster):
+    from cluster_support import ours_still_running, wait_until_nothing_is_left
+
+    workers = start_workers(2, keep_warm=60, **ON_TWO_NODES)
+    try:
+        agents = workers.run(agent_of_this_worker, return_all=True)
+    finally:
+        workers.close()
+    held = ours_still_running(ray_cluster)
+    assert any(item.startswith("placement group") for item in held), held
+    again = start_workers(2, **ON_TWO_NODES)  # the same shape: the warm agents serve it
+    try:
+        assert again.run(agent_of_this_worker, return_all=True) == agents
+    finally:
+        again.close()
+    assert wait_until_nothing_is_left(ray_cluster) == []

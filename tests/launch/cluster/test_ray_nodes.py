@@ -80,12 +80,17 @@ def test_a_lost_node_fails_the_run_naming_the_node_and_its_rank(ray_cluster):
     assert noticed < PROMPTLY
     cause = raised.value.failures[0]
     assert cause.rank == lose.lost_rank
-    assert cause.lost.startswith("its node")
-    assert cause.where == f"node 127.0.0.1 ({lose.node.node_id[:8]})"
-    assert str(raised.value).startswith(
-        f"worker rank {lose.lost_rank} on node 127.0.0.1 ({lose.node.node_id[:8]}) was lost"
-    )
-    assert "the other workers were stopped" in str(raised.value)
+    node = f"node 127.0.0.1 ({lose.node.node_id[:8]})"
+    assert cause.where == node
+    # What the docs quote (docs/guides/ray-cluster.md), and none of Ray's own words: the
+    # first, once Ray has seen the node gone; the second, while it has not yet.
+    assert str(raised.value).splitlines()[0] in {
+        f"worker rank {lose.lost_rank} on {node} was lost: {why}; the other workers were stopped."
+        for why in (
+            "its node left the cluster",
+            "its node stopped answering (it left the cluster, or the network to it is down)",
+        )
+    }
     assert last_run().status == "failed"
 
 
