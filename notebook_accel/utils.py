@@ -56,6 +56,7 @@ _EXPORTS = {
     "InitProcessGroupKwargs": "notebook_accel.config.kwargs",
     "ProjectConfiguration": "notebook_accel.config.kwargs",
     "TorchDynamoPlugin": "notebook_accel.config.kwargs",
+    "TorchContextParallelConfig": "notebook_accel.config.kwargs",
     "ProfileKwargs": "notebook_accel.config.kwargs",
     "DDPCommunicationHookType": "notebook_accel.config.kwargs",
     # finding a batch size that fits (Accelerate's accelerate.utils.memory)

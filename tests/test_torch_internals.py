@@ -18,7 +18,16 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel import internals
-from notebook_accel.internals import c10d, cuda, ddp, dynamo, mesh, tensors, tested_range
+from notebook_accel.internals import (
+    c10d,
+    context_parallel,
+    cuda,
+    ddp,
+    dynamo,
+    mesh,
+    tensors,
+    tested_range,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -110,6 +119,24 @@ def test_mesh_flatten_and_the_error_before_anything_starts(one_process_group, mo
     monkeypatch.delattr(DeviceMesh, "_flatten")
     with pytest.raises(internals.TorchInternalMissing, match=re.escape("DeviceMesh._flatten")):
         ParallelismConfig(dp_shard_size=2)  # refused where it is made, not in a worker
+
+
+def test_context_parallel_rotation_and_the_error_before_anything_starts(monkeypatch):
+    from torch.distributed.tensor.experimental import _attention
+
+    from notebook_accel import ParallelismConfig
+
+    before = context_parallel.rotate_method()
+    try:
+        for strategy in ("alltoall", "allgather", "alltoall"):
+            context_parallel.set_rotate_method(strategy)
+            assert context_parallel.rotate_method() == strategy
+    finally:
+        context_parallel.set_rotate_method(before)
+    monkeypatch.delattr(_attention, "set_rotate_method")
+    with pytest.raises(internals.TorchInternalMissing, match="_attention.set_rotate_method"):
+        ParallelismConfig(cp_size=2)  # refused where it is made, not in a worker
+    assert [api.name for api in internals.missing()] == [context_parallel.APIS[0].name]
 
 
 def test_cuda_lazy_start_and_count_without_starting_it():

@@ -231,7 +231,8 @@ class Accelerator:
 
     @property
     def torch_device_mesh(self) -> Any:
-        """The `DeviceMesh` of the `parallelism_config` (None without one)."""
+        """The `DeviceMesh` of the `parallelism_config` (None without one): its enabled
+        dimensions, and Accelerate's flattened "dp", "dp_shard_cp" and "dp_cp"."""
         config = self.parallelism_config
         return config.get_device_mesh(self.device.type) if config is not None else None
 
@@ -688,10 +689,11 @@ class Accelerator:
     ) -> contextlib.AbstractContextManager[None]:
         """Split `buffers` (inputs, labels, position ids) along their sequence dimensions
         `buffer_seq_dims` among the context-parallel ranks while the block runs, SDPA
-        attention exchanging what it needs (torch's context parallelism, on CUDA); the
-        buffers are whole again afterwards, except `no_restore_buffers`. Make one per
-        step. Without `cp_size` > 1 in the parallelism config it does nothing (with one
-        warning), so the same loop runs either way."""
+        attention exchanging what it needs (torch's context parallelism, on CUDA) as the
+        config's `cp_handler.cp_comm_strategy` says; the buffers are whole again
+        afterwards, except `no_restore_buffers`. Make one per step. Without `cp_size` > 1
+        in the parallelism config it does nothing (with one warning), so the same loop
+        runs either way."""
         config = self.parallelism_config
         if config is None or not config.cp_enabled:
             if not self._warned_no_context_parallel:
@@ -703,7 +705,10 @@ class Accelerator:
                 )
             return contextlib.nullcontext()
         mesh = self.torch_device_mesh["cp"]
-        return parallelism.split_sequences(mesh, buffers, buffer_seq_dims, no_restore_buffers)
+        strategy = config.cp_handler.cp_comm_strategy
+        return parallelism.split_sequences(
+            mesh, buffers, buffer_seq_dims, no_restore_buffers, cp_comm_strategy=strategy
+        )
 
     @contextlib.contextmanager
     def autocast(self, autocast_handler: AutocastKwargs | None = None) -> Iterator[None]:

@@ -14,6 +14,13 @@ LaunchSettings), then these variables, then the defaults. So a script started by
     ACCELERATE_DYNAMO_BACKEND, _MODE, _USE_FULLGRAPH, _USE_DYNAMIC
                                            TorchDynamoPlugin fields left unset
     ACCELERATE_LOG_LEVEL                   get_logger (read in reporting/logging.py)
+
+and the `PARALLELISM_CONFIG_*` ones that `accelerate launch --parallelism_config_*` sets:
+
+    PARALLELISM_CONFIG_DP_REPLICATE_SIZE, _DP_SHARD_SIZE, _TP_SIZE, _CP_SIZE, _SP_SIZE,
+    _CP_BACKEND, _SP_BACKEND               ParallelismConfig fields left unset
+    PARALLELISM_CONFIG_CP_COMM_STRATEGY    TorchContextParallelConfig(cp_comm_strategy=None),
+                                           which ParallelismConfig(cp_size > 1) makes
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import os
 from collections.abc import Mapping
 
 PREFIX = "ACCELERATE_"
+PARALLELISM_PREFIX = "PARALLELISM_CONFIG_"
 DYNAMO_PREFIX = "ACCELERATE_DYNAMO_"
 _TRUE = ("y", "yes", "t", "true", "on", "1")
 _FALSE = ("n", "no", "f", "false", "off", "0")
@@ -91,3 +99,9 @@ def dynamo_settings(environ: Mapping[str, str] | None = None) -> dict[str, objec
         if env.get(DYNAMO_PREFIX + name):
             found[field] = flag(DYNAMO_PREFIX + name, environ=env)
     return found
+
+
+def parallelism_setting(field: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """PARALLELISM_CONFIG_<FIELD> ("tp_size" reads PARALLELISM_CONFIG_TP_SIZE), or None
+    when unset or empty."""
+    return _env(environ).get(PARALLELISM_PREFIX + field.upper()) or None

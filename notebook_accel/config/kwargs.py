@@ -394,6 +394,39 @@ class ProjectConfiguration:
             self.logging_dir = self.project_dir
 
 
+CP_COMM_STRATEGIES = ("allgather", "alltoall")
+
+
+@dataclass
+class TorchContextParallelConfig:
+    """How torch's context parallelism passes keys and values between the ranks of a "cp"
+    group (Accelerate's class): `ParallelismConfig(cp_size=C, cp_handler=...)`; with
+    `cp_size` > 1 and no handler, ParallelismConfig makes one with the defaults.
+
+    Args:
+        cp_comm_strategy: "allgather" (each rank gathers the others' keys and values after
+            its first partial attention) or "alltoall" (the parts are passed round the ring
+            by all-to-all). Default `$PARALLELISM_CONFIG_CP_COMM_STRATEGY`, else "allgather".
+    """
+
+    cp_comm_strategy: str | None = None
+
+    def __post_init__(self) -> None:
+        from notebook_accel.config import accelerate_env
+
+        given = "cp_comm_strategy"
+        if self.cp_comm_strategy is None:
+            given = "$PARALLELISM_CONFIG_CP_COMM_STRATEGY"
+            strategy = accelerate_env.parallelism_setting("cp_comm_strategy")
+            self.cp_comm_strategy = strategy or "allgather"
+        if self.cp_comm_strategy not in CP_COMM_STRATEGIES:
+            raise ValueError(
+                f"Invalid cp_comm_strategy: {self.cp_comm_strategy} (from {given}): torch's "
+                "context parallelism passes keys and values by 'allgather' or 'alltoall'; "
+                "use one of them."
+            )
+
+
 WRAP_POLICIES = ("transformer_based_wrap", "size_based_wrap", "no_wrap")
 STATE_DICT_TYPES = ("SHARDED_STATE_DICT", "FULL_STATE_DICT")
 DTYPE_NAMES = ("bf16", "bfloat16", "fp16", "float16", "fp32", "float32")

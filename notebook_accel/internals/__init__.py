@@ -8,7 +8,9 @@ through the module of its concern:
   worker's model to a group formed again; the gradient-bucket layout kept across
   a resume).
 - `c10d`: the default process group's store and timeout (forming a group again).
-- `mesh`: DeviceMesh flattening (ParallelismConfig's dp_shard x cp dimension).
+- `mesh`: DeviceMesh flattening (ParallelismConfig's dp, dp_shard_cp and dp_cp
+  dimensions).
+- `context_parallel`: how context parallelism passes keys and values (cp_comm_strategy).
 - `cuda`: CUDA's lazy start and its NVML count (keeping the kernel fork-safe).
 - `dynamo`: torch.compile's wrapper and its recompile limit.
 - `tensors`: `Module.to`'s argument parser and pytree's typed map.
@@ -31,9 +33,10 @@ __all__ = ["PrivateApi", "TorchInternalMissing", "all_apis", "missing"]
 
 def all_apis() -> list[PrivateApi]:
     """Every private API of every concern."""
-    from notebook_accel.internals import c10d, cuda, ddp, dynamo, mesh, tensors
+    from notebook_accel.internals import c10d, context_parallel, cuda, ddp, dynamo, mesh, tensors
 
-    return [api for module in (ddp, c10d, mesh, cuda, dynamo, tensors) for api in module.APIS]
+    concerns = (ddp, c10d, mesh, context_parallel, cuda, dynamo, tensors)
+    return [api for module in concerns for api in module.APIS]
 
 
 def missing() -> list[PrivateApi]:

@@ -1,6 +1,13 @@
 """DeviceMesh flattening: torch's only way to name a group of mesh dimensions as one
-(ParallelismConfig's dp_shard x cp dimension, which FSDP2 shards over; Accelerate
-uses it too). Still private in torch 2.14."""
+(ParallelismConfig's "dp", "dp_shard_cp" and "dp_cp", as Accelerate names them).
+Still private in torch 2.14.
+
+Each is flattened from a slice of the whole mesh's own dimensions, which works alike on
+every torch of the tested range, and can then be sliced from the whole mesh by its name
+(`mesh["dp"]`, as notebooks written for Accelerate do). Slicing a flattened name is what
+changed: from torch 2.9.1 a slice mixing it with other dimensions can fail
+(pytorch/pytorch#169381), and torch 2.13 and 2.14 warn that slicing it from the whole
+mesh will go. So the package keeps the meshes `flatten` returns and uses those."""
 
 from __future__ import annotations
 
@@ -32,8 +39,8 @@ def _present() -> bool:
 APIS = [
     PrivateApi(
         "DeviceMesh._flatten",
-        "ParallelismConfig layouts that shard over dp_shard x cp",
-        "such a layout is refused before anything starts",
+        "ParallelismConfig's flattened dimensions (dp, dp_shard_cp, dp_cp)",
+        "a layout with data or context parallelism is refused before anything starts",
         _present,
     )
 ]

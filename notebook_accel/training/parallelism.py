@@ -19,23 +19,31 @@ data-parallel dimensions (FSDP2 x TP). With `cp_size`
 > 1 the ranks of a "cp" group read the same batch and split its sequences inside
 `accelerator.maybe_context_parallel(buffers, buffer_seq_dims)` (torch's context
 parallelism: SDPA attention on CUDA; on CPU torch has no kernel for it, which the
-error says); FSDP2 shards over "dp_shard" x "cp" flattened ("dp_shard_cp"), as in
-Accelerate. DeepSpeed's sequence parallelism (`sp_size`) is refused.
+error says), keys and values passed between them as the `cp_handler`'s
+`cp_comm_strategy` says; FSDP2 shards over "dp_shard" x "cp". DeepSpeed's sequence
+parallelism (`sp_size`) is refused.
+
+As in Accelerate, the mesh also holds three flattened dimensions: "dp" (dp_replicate x
+dp_shard: the ranks that read different batches), "dp_shard_cp" (dp_shard x cp: what
+FSDP2 shards over) and "dp_cp" (dp_replicate x dp_shard x cp: what a loss is averaged
+over), each of the enabled dimensions only; `mesh["dp"].get_group()` is the
+data-parallel group.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_accel.config import accelerate_env
+from notebook_accel.config.kwargs import TorchContextParallelConfig
+from notebook_accel.internals.context_parallel import require_rotate_method, set_rotate_method
 from notebook_accel.internals.mesh import flatten, require_flatten
 
 # Outermost first: neighbouring ranks differ in the innermost dimension.
 MESH_ORDER = ("dp_replicate", "dp_shard", "cp", "sp", "tp")
-_ENV = "PARALLELISM_CONFIG_{}"  # Accelerate's variables, e.g. PARALLELISM_CONFIG_TP_SIZE
 
 
 @dataclass
@@ -45,7 +53,8 @@ class ParallelismConfig:
     Args:
         dp_replicate_size: data-parallel replicas (with `dp_shard_size` > 1: HSDP,
             each replica one sharded group). Default 1, or
-            `$PARALLELISM_CONFIG_DP_REPLICATE_SIZE`.
+            `$PARALLELISM_CONFIG_DP_REPLICATE_SIZE` (each field left unset reads its
+            `PARALLELISM_CONFIG_*` variable, as in Accelerate).
         dp_shard_size: processes each model is sharded over with FSDP2.
         tp_size: processes each tensor is split over (tensor parallel); the model
             is split before `prepare()`.
@@ -55,7 +64,9 @@ class ParallelismConfig:
         sp_size: DeepSpeed's sequence parallel size; only 1.
         sp_backend: "deepspeed", as in Accelerate.
         tp_handler: accepted as in Accelerate.
-        cp_handler: accepted as in Accelerate.
+        cp_handler: a `TorchContextParallelConfig` (its `cp_comm_strategy`); with
+            `cp_size` > 1 and none given, one with the defaults, which reads
+            `$PARALLELISM_CONFIG_CP_COMM_STRATEGY`.
         sp_handler: accepted as in Accelerate.
         device_mesh: the mesh, once built (`get_device_mesh`).
 
@@ -74,16 +85,18 @@ class ParallelismConfig:
     cp_handler: Any = None
     sp_handler: Any = None
     device_mesh: Any = field(default=None, repr=False, compare=False)
-    _dp_shard_cp_mesh: Any = field(default=None, init=False, repr=False, compare=False)
+    # "dp", "dp_shard_cp", "dp_cp" as flattening returned them (internals/mesh.py: why)
+    _flattened: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        setting = accelerate_env.parallelism_setting
         for name in ("dp_replicate", "dp_shard", "tp", "cp", "sp"):
             value = getattr(self, f"{name}_size")
             if value is None:
-                value = os.environ.get(_ENV.format(f"{name}_size".upper()), "1")
+                value = setting(f"{name}_size") or "1"
             setattr(self, f"{name}_size", _size(f"{name}_size", value))
-        self.cp_backend = self.cp_backend or os.environ.get(_ENV.format("CP_BACKEND"), "torch")
-        self.sp_backend = self.sp_backend or os.environ.get(_ENV.format("SP_BACKEND"), "deepspeed")
+        self.cp_backend = self.cp_backend or setting("cp_backend") or "torch"
+        self.sp_backend = self.sp_backend or setting("sp_backend") or "deepspeed"
         if self.cp_backend != "torch":
             raise ValueError(f"cp_backend={self.cp_backend!r}: the one backend is 'torch'.")
         if self.sp_backend != "deepspeed":
@@ -107,9 +120,22 @@ class ParallelismConfig:
                 f"sp_size={self.sp_size}: sequence parallelism is DeepSpeed's (Ulysses), and "
                 "notebook_accel does not use DeepSpeed; shard with dp_shard_size instead."
             )
-        if self.dp_shard_cp_dim_names:
-            require_flatten(
-                f"ParallelismConfig(dp_shard_size={self.dp_shard_size}, cp_size={self.cp_size})"
+        if self.cp_enabled:
+            self._check_cp_handler()
+        layout = ", ".join(f"{name}_size={size}" for name, size in self._sizes.items())
+        if self.dp_cp_dim_names:  # the names flattened into "dp", "dp_shard_cp" and "dp_cp"
+            require_flatten(f"ParallelismConfig({layout})")
+        if self.cp_enabled:
+            require_rotate_method(f"ParallelismConfig({layout})")
+
+    def _check_cp_handler(self) -> None:
+        if self.cp_handler is None:
+            self.cp_handler = TorchContextParallelConfig()
+        elif not isinstance(self.cp_handler, TorchContextParallelConfig):
+            raise ValueError(
+                f"cp_handler must be a TorchContextParallelConfig for cp_backend='torch', "
+                f"not {type(self.cp_handler).__name__}: pass "
+                "TorchContextParallelConfig(cp_comm_strategy='allgather' or 'alltoall')."
             )
 
     # -- sizes and names (Accelerate's properties) -----------------------------------
@@ -178,6 +204,12 @@ class ParallelismConfig:
         return [name for name in ("dp_shard", "cp") if self._sizes[name] > 1]
 
     @property
+    def dp_cp_dim_names(self) -> list[str]:
+        """The enabled dimensions flattened into "dp_cp": every rank that reads its own
+        part of the data, context-parallel ones included (what a loss is averaged over)."""
+        return [name for name in ("dp_replicate", "dp_shard", "cp") if self._sizes[name] > 1]
+
+    @property
     def fsdp_dim_names(self) -> list[str]:
         """The dimensions FSDP2 runs over: replicated (HSDP) and sharded. Without cp the
         shard dimension is "dp_shard" itself: torch deprecates slicing a flattened
@@ -211,20 +243,32 @@ class ParallelismConfig:
         """Which data-parallel rank global `rank` is (which part of the data it reads)."""
         return rank // self.non_data_parallel_size
 
+    def _get_mesh(self) -> tuple[tuple[str, ...], tuple[int, ...]] | tuple[()]:
+        """`init_device_mesh`'s names and shape: the enabled dimensions, outermost first;
+        () with none enabled (Accelerate's private method, kept for code that calls it)."""
+        names = tuple(self.active_mesh_dims)
+        if not names:
+            return ()
+        return names, tuple(self._sizes[name] for name in names)
+
     def build_device_mesh(self, device_type: str) -> Any:
-        """The mesh of the enabled dimensions (None with none enabled)."""
+        """The mesh of the enabled dimensions (None with none enabled), with the
+        flattened dimensions "dp", "dp_shard_cp" and "dp_cp" of those enabled."""
         from torch.distributed.device_mesh import init_device_mesh
 
-        names = self.active_mesh_dims
-        if not names:
+        layout = self._get_mesh()
+        if not layout:
             return None
-        shape = tuple(self._sizes[name] for name in names)
-        mesh = init_device_mesh(device_type, shape, mesh_dim_names=tuple(names))
-        if self.dp_shard_cp_dim_names:
-            # torch's only way to name a group of dimensions as one (Accelerate does the
-            # same): FSDP2 then shards over dp_shard x cp as one dimension.
-            flat = flatten(mesh[tuple(self.dp_shard_cp_dim_names)], "dp_shard_cp")
-            self._dp_shard_cp_mesh = flat
+        names, shape = layout
+        mesh = init_device_mesh(device_type, shape, mesh_dim_names=names)
+        flattened = {
+            "dp": self.dp_dim_names,
+            "dp_shard_cp": self.dp_shard_cp_dim_names,
+            "dp_cp": self.dp_cp_dim_names,
+        }
+        for flat_name, dims in flattened.items():
+            if dims:  # sliced by the list of names, as Accelerate slices it
+                self._flattened[flat_name] = flatten(mesh[dims], flat_name)
         return mesh
 
     def get_device_mesh(self, device_type: str | None = None) -> Any:
@@ -244,8 +288,8 @@ class ParallelismConfig:
         mesh = self.get_device_mesh(device_type)
         names = self.fsdp_dim_names
         if names == ["dp_shard_cp"]:
-            # kept from _flatten: torch deprecates slicing it out of the whole mesh
-            return self._dp_shard_cp_mesh
+            # kept from flattening: torch deprecates slicing it out of the whole mesh
+            return self._flattened["dp_shard_cp"]
         # With cp, HSDP still slices "dp_shard_cp" out (torch warns): torch has no other
         # way to pair a flattened dimension with another.
         return mesh[tuple(names)] if len(names) > 1 else mesh[names[0]]
@@ -261,12 +305,15 @@ def split_sequences(
     buffers: list[Any] | None,
     buffer_seq_dims: list[int] | None,
     no_restore_buffers: set[Any] | None,
+    cp_comm_strategy: str = "allgather",
 ) -> Iterator[None]:
     """torch's context parallelism over `mesh` (the "cp" dimension): `buffers` are split
     along their sequence dimensions among its ranks while the block runs, and SDPA
-    attention exchanges the keys and values it needs (ring attention)."""
+    attention exchanges the keys and values it needs (ring attention), by
+    `cp_comm_strategy`."""
     from torch.distributed.tensor.experimental import context_parallel
 
+    set_rotate_method(cp_comm_strategy)  # a setting of torch's, for the whole process
     try:
         with context_parallel(
             mesh,

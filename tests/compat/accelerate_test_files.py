@@ -82,7 +82,8 @@ def port(source: str, resolve: Resolver) -> tuple[str, list[str], list[str]]:
 
 
 def run_pytest(folder: Path, files: list[str], hide_gpus: bool, timeout: int) -> dict[str, str]:
-    """pytest over `files` in `folder`, in a fresh interpreter: test id -> outcome."""
+    """pytest over `files` (or node ids in them) in `folder`, in a fresh interpreter:
+    test id -> outcome."""
     report = folder / "report.xml"
     env = dict(os.environ)
     if hide_gpus:
@@ -113,11 +114,13 @@ def run_both_ways(
     hide_gpus: bool,
     conftest: str = "",
     timeout: int = 300,
+    select: str = "",
 ) -> dict[str, dict[str, str]]:
     """library -> {test id -> outcome}: each file as it is, then ported by `resolve`.
 
     `conftest` is written beside the ported files: the fixture code that does for
-    notebook_accel what Accelerate's own test case classes do for Accelerate.
+    notebook_accel what Accelerate's own test case classes do for Accelerate. `select`
+    runs one class (or test) of each file: "TestParallelismConfig".
     """
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -133,7 +136,8 @@ def run_both_ways(
                     if conftest:
                         (folder / "conftest.py").write_text(conftest)
                 (folder / path.name).write_text(source)
-            results[library] = run_pytest(folder, [p.name for p in files], hide_gpus, timeout)
+            targets = [f"{p.name}::{select}" if select else p.name for p in files]
+            results[library] = run_pytest(folder, targets, hide_gpus, timeout)
     return results
 
 

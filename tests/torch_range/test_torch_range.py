@@ -49,6 +49,7 @@ SUBSET = [
     "tests/training/fsdp/test_fsdp_training.py",
     "tests/training/fsdp/test_fsdp_checkpoint.py",
     "tests/training/test_parallelism.py",
+    "tests/training/test_parallelism_mesh.py",
     "tests/notebooks/test_launch_in_kernel.py",
 ]
 # What the base environment may hold besides the declared closure: what venv puts there.

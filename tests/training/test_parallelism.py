@@ -42,6 +42,54 @@ def test_names_and_sizes_follow_accelerate():
 
 
 @pytest.mark.parametrize(
+    ("sizes", "dp", "dp_shard_cp", "dp_cp", "mesh"),
+    [
+        ((4, 1, 1, 1), ["dp_replicate"], [], ["dp_replicate"], (("dp_replicate",), (4,))),
+        ((2, 2, 1, 1), ["dp_replicate", "dp_shard"], ["dp_shard"], ["dp_replicate", "dp_shard"],
+         (("dp_replicate", "dp_shard"), (2, 2))),
+        ((1, 1, 4, 1), [], [], [], (("tp",), (4,))),
+        ((1, 1, 1, 4), [], ["cp"], ["cp"], (("cp",), (4,))),
+        ((2, 2, 2, 2), ["dp_replicate", "dp_shard"], ["dp_shard", "cp"],
+         ["dp_replicate", "dp_shard", "cp"],
+         (("dp_replicate", "dp_shard", "cp", "tp"), (2, 2, 2, 2))),
+    ],
+    ids=["ddp-4", "hsdp-2x2", "tp-4", "cp-4", "hsdp-x-cp-x-tp"],
+)  # fmt: skip
+def test_flattened_dimension_names_and_mesh_arguments_follow_accelerate(
+    sizes, dp, dp_shard_cp, dp_cp, mesh
+):
+    replicate, shard, tp, cp = sizes
+    config = ParallelismConfig(
+        dp_replicate_size=replicate, dp_shard_size=shard, tp_size=tp, cp_size=cp
+    )
+    # "dp" is what batches differ over, "dp_shard_cp" what FSDP2 shards over, "dp_cp"
+    # what the loss is averaged over
+    assert config.dp_dim_names == dp
+    assert config.dp_shard_cp_dim_names == dp_shard_cp
+    assert config.dp_cp_dim_names == dp_cp
+    assert config._get_mesh() == mesh  # init_device_mesh's names and shape
+    assert ParallelismConfig()._get_mesh() == ()
+
+
+def test_cp_comm_strategy_comes_from_the_handler_or_accelerate_s_variable(monkeypatch):
+    from notebook_accel.utils import TorchContextParallelConfig
+
+    assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "allgather"
+    assert ParallelismConfig(dp_shard_size=2).cp_handler is None  # without cp, none
+    given = TorchContextParallelConfig(cp_comm_strategy="alltoall")
+    assert ParallelismConfig(cp_size=2, cp_handler=given).cp_handler is given
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "alltoall")
+    assert ParallelismConfig(cp_size=2).cp_handler.cp_comm_strategy == "alltoall"
+    monkeypatch.setenv("PARALLELISM_CONFIG_CP_COMM_STRATEGY", "ring")
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring .*'allgather'"):
+        ParallelismConfig(cp_size=2)  # refused where it is made
+    with pytest.raises(ValueError, match="Invalid cp_comm_strategy: ring"):
+        TorchContextParallelConfig()
+    with pytest.raises(ValueError, match="cp_handler must be a TorchContextParallelConfig"):
+        ParallelismConfig(cp_size=2, cp_handler={"cp_comm_strategy": "alltoall"})
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         ({"dp_shard_size": 0}, "dp_shard_size=0 must be a whole number, at least 1"),
