@@ -2,16 +2,22 @@
 
 A worker's `sys.stdin` reads from the notebook: `input()`, `breakpoint()` and
 `pdb.set_trace()` in the training function write their prompt to stdout, send
-`InputRequested` down the channel and wait for the answer on the same socket.
-The launching process (launch/supervisor.py) takes the unfinished last line of
-that worker's stdout as the prompt, asks for a line where the user runs the
-launch (`input()`: Jupyter's stdin request in a kernel, the terminal in a
-script), prefixed with the rank, and writes it back. While one rank waits at
-its prompt the others run on until they need it (a collective, their own
-prompt). On a Ray cluster the node's agent relays both ways. Where nobody can
-answer (a launch from a thread, a frontend without stdin) the answer says
-why: `input()` then raises EOFError and a debugger continues, so a forgotten
-`breakpoint()` never hangs a run.
+`InputRequested` down the channel and wait for the answer, which comes back on
+the same socket. The launching process (launch/supervisor.py) takes the
+unfinished last line of that worker's stdout as the prompt, asks for a line
+where the user runs the launch (`input()`: Jupyter's stdin request in a
+kernel, the terminal in a script), prefixed with the rank, and writes it back.
+While one rank waits at its prompt the others run on until they need it (a
+collective, their own prompt). On a Ray cluster the node's agent relays both
+ways. Where nobody can answer (a launch from a thread, a frontend without
+stdin, a closed stdin) the answer says why: `input()` then raises EOFError and
+a debugger continues, so a forgotten `breakpoint()` never hangs a run.
+
+Time a person spends at a prompt (a notebook's frontend, a terminal) does not
+count towards the launch's `timeout`. A script whose stdin is no terminal (a
+pipe a job runner holds open, a file) has nobody at it: the prompt is read from
+that stdin all the same, the launch says at once which rank waits for a line
+there, and the timeout keeps running, so an unattended run still ends.
 
 With the launch option `post_mortem=True` a worker whose function raises
 opens the same debugger on the frames of its exception (`%debug` for a
@@ -21,16 +27,19 @@ rank) before it ends; live workers keep their last error for
 
 from __future__ import annotations
 
+import builtins
 import io
 import os
 import re
+import select
 import signal
 import struct
 import sys
 import threading
-from collections.abc import Callable
+import time
+import types
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from notebook_accel.reporting.events import InputRequested
 
@@ -50,7 +59,24 @@ POST_MORTEM_HELP = (
 
 
 class InputUnavailable(Exception):
-    """Nobody can answer a worker's prompt here; the message says why."""
+    """Nobody can answer a worker's prompt here; the message says why. `shown`: the
+    prompt was already written where the launch runs (it is not to be shown again)."""
+
+    def __init__(self, why: str, shown: bool = False) -> None:
+        super().__init__(why)
+        self.shown = shown
+
+
+class Prompter(Protocol):
+    """What a group of workers asks for the lines its workers' prompts wait for."""
+
+    def attended(self) -> bool:
+        """Whether a person answers: time at a prompt then does not count towards the
+        launch's timeout."""
+
+    def __call__(self, rank: int, prompt: str, deadline: float | None) -> str:
+        """The line for worker `rank`'s `prompt`; InputUnavailable where none comes
+        (unattended, not before `deadline`, the launch's timeout)."""
 
 
 # -- the launching process's side --------------------------------------------------------
@@ -65,31 +91,109 @@ def answer_frame(line: str | None, reason: str = "") -> bytes:
     return _ANSWER.pack(b"L", len(body)) + body
 
 
-def ask_in_cell(rank: int, prompt: str) -> str:
-    """Ask for one line where this launch runs, the prompt prefixed with the rank.
+class AskInCell:
+    """Asks for a worker's line where this launch runs, the prompt prefixed with the rank:
+    the frontend's input() in a notebook, stdin in a script."""
 
-    Raises InputUnavailable when nobody can answer here, and KeyboardInterrupt
-    when the stop button is pressed at the prompt.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        raise InputUnavailable(
-            "the launch runs on a thread other than the notebook's main one, where nobody "
-            "can answer"
-        )
-    # The launch turns a stop press into a flag; at a prompt it must end the wait.
-    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    def attended(self) -> bool:
+        """A frontend's input() (a kernel replaces Python's own), or a terminal."""
+        return not _reads_unattended_stdin()
+
+    def __call__(self, rank: int, prompt: str, deadline: float | None = None) -> str:
+        """Raises InputUnavailable when nobody can answer here (or, unattended, nobody did
+        before `deadline`), and KeyboardInterrupt when the stop button is pressed at the
+        prompt."""
+        if threading.current_thread() is not threading.main_thread():
+            raise InputUnavailable(
+                "the launch runs on a thread other than the notebook's main one, where "
+                "nobody can answer"
+            )
+        # The launch turns a stop press into a flag; at a prompt it must end the wait.
+        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+        try:
+            if _reads_unattended_stdin():
+                return _line_from_stdin(rank, prompt, deadline)
+            return input(f"[rank {rank}] {prompt}")
+        except EOFError:  # input() wrote the prompt: end its line
+            print(flush=True)
+            raise InputUnavailable("this process's stdin is closed", shown=True) from None
+        except (KeyboardInterrupt, InputUnavailable):
+            raise
+        except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
+            raise InputUnavailable(
+                f"this frontend cannot answer input ({type(error).__name__}: {error})"
+            ) from None
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+ask_in_cell = AskInCell()
+
+
+def _reads_unattended_stdin() -> bool:
+    """Whether input() here is Python's own reading a stdin that is no terminal (a pipe,
+    a file): nobody types there. A kernel's input() asks its frontend instead."""
+    asks = globals().get("input", builtins.input)  # what AskInCell calls as input()
+    if not (isinstance(asks, types.BuiltinFunctionType) and asks.__module__ == "builtins"):
+        return False
     try:
-        return input(f"[rank {rank}] {prompt}")
-    except EOFError:
-        raise InputUnavailable("this process's stdin is closed") from None
-    except KeyboardInterrupt:
-        raise
-    except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
-        raise InputUnavailable(
-            f"this frontend cannot answer input ({type(error).__name__}: {error})"
-        ) from None
-    finally:
-        signal.signal(signal.SIGINT, previous)
+        return not sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return True
+
+
+def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
+    """The next line of this process's stdin, where no person watches: the prompt shown
+    as input() would, and at once, if no line is there yet, that the run waits for one;
+    the wait ends at `deadline` (InputUnavailable).
+
+    Read a byte at a time from the descriptor, so that no later line is taken from
+    whoever reads stdin next, and `select` sees all there is."""
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        raise InputUnavailable("this process has no stdin") from None
+    if deadline is not None and time.monotonic() >= deadline:
+        raise InputUnavailable("the launch's timeout has passed")
+    shown = False
+    if not _readable(fd, 0):  # no line there yet: say so, show the prompt, wait
+        limit = (
+            "it waits until one comes" if deadline is None else "the launch's timeout keeps running"
+        )
+        print(
+            f"notebook_accel: rank {rank} waits for a line on this process's stdin, which is "
+            f"not a terminal (input() or a debugger in the worker); {limit}",
+            file=sys.stderr,
+            flush=True,
+        )
+        print(f"[rank {rank}] {prompt}", end="", flush=True)
+        shown = True
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+        if not _readable(fd, remaining):
+            print(flush=True)  # ends the prompt's line
+            raise InputUnavailable(
+                "nobody answered on this process's stdin before the launch's timeout", shown
+            )
+        byte = os.read(fd, 1)
+        if not byte:  # the end of stdin
+            if line:
+                break
+            if shown:
+                print(flush=True)
+            raise InputUnavailable("this process's stdin is closed", shown)
+        if not shown:  # as input() does, though the answer is already there
+            print(f"[rank {rank}] {prompt}", end="", flush=True)
+            shown = True
+        line += byte
+    print(flush=True)  # nothing echoed the answer: the prompt's line ends here
+    return line.decode(errors="replace").removesuffix("\n")
+
+
+def _readable(fd: int, seconds: float | None) -> bool:
+    readable, _, _ = select.select([fd], [], [], seconds)
+    return bool(readable)
 
 
 # -- the worker's side -------------------------------------------------------------------
@@ -132,8 +236,6 @@ class CellInput(io.TextIOBase):
 
 def install(channel: ChannelWriter, rank: int) -> None:
     """In a worker: stdin and `breakpoint()` answered in the notebook."""
-    import builtins
-
     sys.stdin = CellInput(channel, rank)
     sys.breakpointhook = breakpoint_hook
     # A kernel replaces input() with its own, which talks to the frontend over the
@@ -239,7 +341,3 @@ def _in_debugger(frame: FrameType | None) -> bool:
             return True
         frame = frame.f_back
     return False
-
-
-# What a group of workers calls to answer a prompt: (rank, prompt) -> the line.
-Prompter = Callable[[int, str], str]

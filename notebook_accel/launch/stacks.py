@@ -8,13 +8,33 @@ signal when the workers have made no progress for a while, or when Stop is
 pressed on a run that is stuck, reads the stacks out of their stderr
 (`StackCapture`), and shows for each rank where it is (`explain`): the
 collective it waits in, if any, and the line of the notebook that called it.
+
+One collective has no Python frame: the gradient all-reduce that
+DistributedDataParallel's reducer starts from C++ hooks inside autograd, and
+waits for in C++ at the end of the backward. Its stack ends in autograd's
+engine, which alone would also be a backward that is merely slow (and DDP
+exposes no state that says it waits). So the same signal also wakes a thread of
+the worker (`StackRequests`), which sends a `StacksNote` down the channel:
+whether the main thread is in autograd's engine while a DDP model of that
+process syncs gradients in its backward (`gradient_all_reduce_pending`). It can
+while the main thread waits in C++ with the GIL released, as autograd and the
+collectives do; a worker that holds the GIL sends no note, and is shown from its
+stack alone.
 """
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
+import gc
+import os
 import re
 import signal
+import sys
+import threading
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import TextIO
 
 # The signal a worker answers with its stacks (SIGUSR1 is often taken by tools).
 STACK_SIGNAL = signal.SIGUSR2
@@ -26,6 +46,14 @@ _OTHER_DUMP_LINES = ("  <no Python frame>", "  ...", "")
 
 # torch.distributed's collectives, as they appear as functions in a stack.
 _COLLECTIVES_FILE = "torch/distributed/distributed_c10d.py"
+# The file of the innermost Python frame of a thread in which autograd's engine runs a
+# backward in C++: torch.autograd.backward and grad hand it over in this file's
+# _engine_run_backward on every torch of the tested range (a stack is matched by file, as
+# with the collectives; a hook or Function written in Python is a frame above it).
+_AUTOGRAD_ENGINE_FILE = "torch/autograd/graph.py"
+DDP_ALL_REDUCE = "DistributedDataParallel's gradient all-reduce"
+# Python's own frozen modules (the import machinery): "<frozen importlib._bootstrap>".
+_FROZEN = "<frozen "
 # The worker's own entry: in the stack of the thread that runs the user's function.
 _WORKER_FILE = "notebook_accel/launch/worker.py"
 _OWN = "/notebook_accel/"
@@ -43,25 +71,109 @@ class Frame:
     def in_libraries(self) -> bool:
         """Whether this is a frame of an installed package, of Python itself or of this
         package (not of the user's code: a notebook cell, a file of theirs)."""
-        return any(part in self.file for part in ("site-packages/", "/lib/python3", _OWN))
+        return self.file.startswith(_FROZEN) or any(
+            part in self.file for part in ("site-packages/", "/lib/python3", _OWN)
+        )
 
     def show(self) -> str:
         marker = "->" if not self.in_libraries else "  "
         return f"{marker} {self.file}, line {self.line}, in {self.function}"
 
 
+@dataclass(frozen=True)
+class StacksNote:
+    """What a worker adds to its stacks when the launcher asks (an event down its
+    channel; no progress of the run's): whether a DistributedDataParallel model of its
+    own all-reduces gradients in the backward its main thread is in."""
+
+    rank: int
+    gradient_all_reduce: bool
+
+
+def gradient_all_reduce_pending() -> bool:
+    """In a worker: whether its main thread is inside autograd's engine (a backward run
+    in C++) while a DistributedDataParallel model of this process syncs gradients in its
+    backward (DDP's own `require_backward_grad_sync`, which `no_sync()` turns off)."""
+    ddp = sys.modules.get("torch.nn.parallel.distributed")
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    if ddp is None or frame is None or not _in_autograd_engine(frame.f_code.co_filename):
+        return False
+    # Looked for only here (a hang report), not tracked: no hook on the user's models.
+    return any(
+        isinstance(model, ddp.DistributedDataParallel) and model.require_backward_grad_sync
+        for model in gc.get_objects()
+    )
+
+
+def _in_autograd_engine(file: str) -> bool:
+    return file.endswith(_AUTOGRAD_ENGINE_FILE)
+
+
+class StackRequests:
+    """A worker's side of `STACK_SIGNAL`, set up once at its start (in its main thread).
+
+    faulthandler writes every thread's stack to `file` from C, then (chain=True) calls
+    Python's own handler of the signal, which writes the signal's number to the wakeup
+    descriptor (`signal.set_wakeup_fd`); `answer_with(send)` starts the thread that reads
+    it and sends this worker's StacksNote. Code that sets its own wakeup descriptor
+    later (an asyncio loop's signal handlers) ends the notes, not the stacks.
+    """
+
+    def __init__(self, file: TextIO) -> None:
+        self._wakeups: int | None = None
+        # A registration inherited from the forking process goes (chain=True needs ours
+        # installed afresh, after Python's handler).
+        faulthandler.unregister(STACK_SIGNAL)
+        wakeups, wakeup = os.pipe()
+        os.set_blocking(wakeup, False)
+        try:
+            signal.signal(STACK_SIGNAL, _wakes_the_stacks_thread)
+            signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
+            self._wakeups = wakeups
+        except ValueError:  # not this interpreter's main thread: stacks without notes
+            os.close(wakeups)
+            os.close(wakeup)
+        faulthandler.register(STACK_SIGNAL, file=file, all_threads=True, chain=True)
+
+    def answer_with(self, send: Callable[[StacksNote], None], rank: int) -> None:
+        """Send a StacksNote with `send` each time the signal comes (on a thread)."""
+        if self._wakeups is None:
+            return
+
+        def answer() -> None:
+            while True:
+                try:
+                    signals = os.read(self._wakeups, 64)
+                except OSError:
+                    return
+                if not signals:
+                    return
+                if int(STACK_SIGNAL) in signals:
+                    # A note not made or not sent (the launcher is gone): the stack alone tells.
+                    with contextlib.suppress(Exception):
+                        send(StacksNote(rank, gradient_all_reduce_pending()))
+
+        threading.Thread(target=answer, name="notebook_accel-stacks", daemon=True).start()
+
+
+def _wakes_the_stacks_thread(signum: int, frame: object) -> None:
+    """Python's handler of STACK_SIGNAL: its C half wrote the wakeup byte; nothing else."""
+
+
 @dataclass
 class StackCapture:
     """One worker's stderr lines that belong to a stack dump, taken out of its output
-    while a dump is awaited. `threads`: each thread's frames, innermost first."""
+    while a dump is awaited. `threads`: each thread's frames, innermost first; `note`:
+    the worker's StacksNote, once it came."""
 
     awaited: bool = False
     threads: list[list[Frame]] = field(default_factory=list)
+    note: StacksNote | None = None
     _filling: list[Frame] | None = None
 
     def expect(self) -> None:
         """A dump was asked for: its lines are taken from now on."""
-        self.awaited, self._filling, self.threads = True, None, []
+        self.awaited, self._filling, self.threads, self.note = True, None, [], None
 
     def take(self, line: str) -> bool:
         """Whether `line` (one line of stderr, newline included) belonged to the dump."""
@@ -92,10 +204,16 @@ class StackCapture:
         return frames[:end]
 
 
-def collective_of(frames: list[Frame]) -> str | None:
-    """The torch.distributed collective the stack waits in (innermost first), if any."""
+def collective_of(frames: list[Frame], gradient_all_reduce: bool = False) -> str | None:
+    """The collective the stack waits in (innermost first), if any: a torch.distributed
+    function's name, or DDP_ALL_REDUCE where the stack is in autograd's engine and the
+    worker said its DDP model all-reduces gradients there (`gradient_all_reduce`)."""
     waiting = [f.function for f in frames if f.file.endswith(_COLLECTIVES_FILE)]
-    return waiting[-1] if waiting else None  # the outermost: the one the user called
+    if waiting:
+        return waiting[-1]  # the outermost: the one the user called
+    if gradient_all_reduce and frames and _in_autograd_engine(frames[0].file):
+        return DDP_ALL_REDUCE
+    return None
 
 
 def user_frame(frames: list[Frame]) -> Frame | None:
@@ -103,9 +221,28 @@ def user_frame(frames: list[Frame]) -> Frame | None:
     return next((f for f in frames if not f.in_libraries), None)
 
 
-def explain(reason: str, stacks: dict[int, list[Frame]], ended: dict[int, str]) -> str:
+def imported_module(frames: list[Frame]) -> str | None:
+    """The file of the module the user's line is importing, if the stack is in an import:
+    the outermost module body run by Python's import machinery inside the user's frame."""
+    mine = user_frame(frames)
+    inner = frames[: frames.index(mine)] if mine is not None else frames
+    if not any(frame.file.startswith(_FROZEN + "importlib") for frame in inner):
+        return None
+    bodies = [frame.file for frame in inner if frame.function == "<module>"]
+    return bodies[-1] if bodies else None
+
+
+def explain(
+    reason: str,
+    stacks: dict[int, list[Frame]],
+    ended: dict[int, str],
+    all_reducing: Collection[int] = (),
+) -> str:
     """What the cell shows: for each rank where it is, then who waits for whom, then each
-    rank's stack (innermost first; the notebook's own lines marked with ->)."""
+    rank's stack (innermost first; the notebook's own lines marked with ->).
+
+    `all_reducing`: the ranks whose note said a DDP model of theirs all-reduces gradients
+    in the backward they are in (`StacksNote`)."""
     lines = [f"notebook_accel: {reason}. Where each rank is:"]
     waiting: dict[str, list[int]] = {}
     elsewhere: list[int] = []
@@ -115,34 +252,45 @@ def explain(reason: str, stacks: dict[int, list[Frame]], ended: dict[int, str]) 
             elsewhere.append(rank)
             continue
         frames = stacks[rank]
-        collective = collective_of(frames)
+        collective = collective_of(frames, gradient_all_reduce=rank in all_reducing)
         mine = user_frame(frames)
         at = f"{mine.function} ({mine.file}, line {mine.line})" if mine else "no frame of yours"
         if not frames:
             lines.append(f"  rank {rank}: did not answer (busy in native code without Python)")
             elsewhere.append(rank)
         elif collective:
-            lines.append(
-                f"  rank {rank}: waits in torch.distributed.{collective}, called from {at}"
+            name = (
+                f"{collective} (inside backward)"
+                if collective == DDP_ALL_REDUCE
+                else f"torch.distributed.{collective}"
             )
+            lines.append(f"  rank {rank}: waits in {name}, called from {at}")
             waiting.setdefault(collective, []).append(rank)
         elif frames[0] is mine:
             lines.append(f"  rank {rank}: not in a collective, at {at}")
             elsewhere.append(rank)
         else:
-            inner = f"{frames[0].function} ({frames[0].file}, line {frames[0].line})"
-            lines.append(f"  rank {rank}: not in a collective: in {inner}, called from {at}")
+            inner, importing = frames[0], imported_module(frames)
+            what = (
+                f"importing {importing}"
+                if importing
+                else f"in {inner.function} ({inner.file}, line {inner.line})"
+            )
+            lines.append(f"  rank {rank}: not in a collective: {what}, called from {at}")
             elsewhere.append(rank)
     lines += _who_waits(waiting, elsewhere)
     for rank in sorted(stacks):
         if stacks[rank]:
             lines.append(f"rank {rank}'s stack, innermost first:")
             lines += ["  " + frame.show() for frame in stacks[rank]]
-    lines.append(
-        "A collective waits until every rank of the group calls the same one; to have torch "
-        "check that they match (and name the mismatch), run with "
-        "TORCH_DISTRIBUTED_DEBUG=DETAIL in the workers' environment."
-    )
+    # torch's check helps only where the collectives the ranks wait in may not match: they
+    # differ, or all ranks wait in one (its sizes may differ). A rank elsewhere is named above.
+    if waiting and (len(waiting) > 1 or not elsewhere):
+        lines.append(
+            "A collective waits until every rank of the group calls the same one; to have "
+            "torch check that they match (and name the mismatch), run with "
+            "TORCH_DISTRIBUTED_DEBUG=DETAIL in the workers' environment."
+        )
     return "\n".join(lines) + "\n"
 
 

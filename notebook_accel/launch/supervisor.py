@@ -53,7 +53,7 @@ from notebook_accel.launch.forking import (
     parent_only_fds,
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
-from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, explain
+from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
 # Imported here, in the launching process, so that forked workers inherit
@@ -305,9 +305,11 @@ class WorkerGroupBase:
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
         self.prompter: Prompter | None = None
-        # Seconds spent at prompts since the loop last looked: they do not count
-        # towards the run's timeout.
+        # Seconds a person spent at prompts since the loop last looked: they do not count
+        # towards the run's timeout (an unattended prompter's do, and end at it).
         self._prompt_seconds = 0.0
+        # The deadline of the wait in progress (None: none), for an unattended prompt.
+        self._deadline: float | None = None
 
     # -- what a subclass provides --------------------------------------------------
 
@@ -394,6 +396,7 @@ class WorkerGroupBase:
                 if stop is not None and stop.is_set():
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
+                self._deadline = deadline
                 self._poll(until=self._hang_due(settle_until or deadline))
                 self._reap_unseen_exits()
                 if deadline is not None:
@@ -456,18 +459,27 @@ class WorkerGroupBase:
         deadline = time.monotonic() + STACKS_WAIT_SECONDS
         answered_at: float | None = None
         while time.monotonic() < deadline:
-            if answered_at is None and all(w.stacks.threads or w.ended for w in asked):
+            # Each worker's dump, and its note (a worker that holds the GIL sends none:
+            # it is shown from its stack alone, after STACKS_WAIT_SECONDS).
+            answered = all((w.stacks.threads and w.stacks.note) or w.ended for w in asked)
+            if answered_at is None and answered:
                 answered_at = time.monotonic()
             if answered_at is not None and time.monotonic() >= answered_at + STACKS_SETTLE_SECONDS:
                 break
             self._poll(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
         ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
-        self.emit(RanksStuck(explain(reason, stacks, ended)))
+        all_reducing = [
+            w.rank for w in asked if w.stacks.note and w.stacks.note.gradient_all_reduce
+        ]
+        self.emit(RanksStuck(explain(reason, stacks, ended, all_reducing)))
 
     def _take(self, pipe: _Pipe, data: bytes) -> None:
         if pipe.reader is not None:
             for event in pipe.reader.feed(data):
+                if isinstance(event, StacksNote):  # asked for by explain_where: no progress
+                    pipe.worker.stacks.note = event
+                    continue
                 self._progressed()
                 self._on_event(pipe.worker, event)
         else:
@@ -507,7 +519,10 @@ class WorkerGroupBase:
         """Ask in the cell for the line `worker` waits for, and send it back."""
         prompt = self._take_prompt(worker)
         started = time.monotonic()
-        line, reason, pressed = None, NO_PROMPTER, False
+        line, reason, pressed, shown = None, NO_PROMPTER, False, False
+        # Where nobody attends the prompt (a script's stdin that is a pipe), its time
+        # counts towards the timeout, and the wait ends there: an unattended run ends.
+        attended = self.prompter is None or self.prompter.attended()
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
         # The peers the launcher stopped for a post-mortem are its consequence, not a cause.
@@ -519,15 +534,16 @@ class WorkerGroupBase:
             if failed_first is not None:
                 reason = f"the run is ending: rank {failed_first.rank} failed first"
             elif self.prompter is not None:
-                line = self.prompter(worker.rank, prompt)
+                line = self.prompter(worker.rank, prompt, None if attended else self._deadline)
         except InputUnavailable as why:
-            reason = str(why)
+            reason, shown = str(why), why.shown
         except KeyboardInterrupt:
             reason, pressed = "the run was stopped", True
         finally:
-            self._prompt_seconds += time.monotonic() - started
+            if attended:
+                self._prompt_seconds += time.monotonic() - started
             self._progressed()
-        if line is None and prompt:  # not asked: the text stays in the output
+        if line is None and prompt and not shown:  # not asked: the text stays in the output
             self.emit(OutputLine(worker.rank, "stdout", prompt + "\n"))
         try:
             self._send_answer(worker, answer_frame(line, reason))

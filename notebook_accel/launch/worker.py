@@ -30,7 +30,7 @@ from typing import Any, NoReturn
 from notebook_accel.config.settings import ENV_BACKEND
 from notebook_accel.launch import debugging
 from notebook_accel.launch.channel import ChannelWriter
-from notebook_accel.launch.stacks import STACK_SIGNAL
+from notebook_accel.launch.stacks import StackRequests
 from notebook_accel.launch.warm import imported_since
 from notebook_accel.platforms.registry import PLATFORMS
 
@@ -141,6 +141,10 @@ def worker_main(
     for fd in inherited_fds:
         os.close(fd)
     _redirect_output(stdout_fd, stderr_fd)
+    # On the launcher's request (a run that makes no progress), every thread's stack to
+    # stderr: written from C, so it comes even from inside a collective that waits; and
+    # a note down the channel once there is one (launch/stacks.py).
+    stack_requests = StackRequests(sys.stderr)
     _set_environment(spec, local_rank)
     if spec.own_main:
         # The notebook's names (and a live worker's namespace) get a module of their own
@@ -161,6 +165,7 @@ def worker_main(
     _CHANNEL, _COMMAND_FD = channel, command_fd
     rank = spec.global_rank(local_rank)
     debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
+    stack_requests.answer_with(channel.send, rank)
     # The user's own DDP models too: freed after leaving the group, they can hang (ddp_teardown.py).
     ddp_teardown.hold_every_models_group_after_its_reducer()
     imports = _ImportReporter(channel, rank, modules_at_fork) if spec.report_imports else None
@@ -450,9 +455,6 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.
     faulthandler.disable()
     faulthandler.enable(file=sys.stderr)
-    # On the launcher's request (a run that makes no progress), every thread's stack
-    # to stderr: written from C, so it comes even from inside a collective that waits.
-    faulthandler.register(STACK_SIGNAL, file=sys.stderr, all_threads=True)
     for handler in _all_stream_handlers():
         which = old_streams.get(id(handler.stream))
         if which is not None:
