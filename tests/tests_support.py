@@ -135,6 +135,26 @@ def reply_to(client, msg_id: str, timeout: float) -> dict:
             return reply
 
 
+def reply_once_idle(client, msg_id: str, timeout: float) -> dict:
+    """The reply to `msg_id` once the kernel is idle after it, as for a person who runs
+    the next cell after this one ended: ipykernel aborts an execute request that reaches
+    it between an error's reply and the end of that cell's handling (its stop-on-error
+    window, ipython/ipykernel#609), which a client that sends at the error's reply can
+    hit where another thread of the kernel holds the GIL (a launch's background imports)."""
+    import time
+
+    reply = reply_to(client, msg_id, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        message = client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if (
+            message["parent_header"].get("msg_id") == msg_id
+            and message["msg_type"] == "status"
+            and message["content"]["execution_state"] == "idle"
+        ):
+            return reply
+
+
 def run_in_kernel(
     client, code: str, answers=(), allow_stdin: bool = True, timeout: float = 90
 ) -> dict:

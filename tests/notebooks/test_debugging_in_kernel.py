@@ -9,7 +9,7 @@ import time
 import psutil
 import pytest
 
-from tests_support import PROMPTLY, reply_to
+from tests_support import PROMPTLY, reply_once_idle
 from tests_support import run_in_kernel as run
 
 pytestmark = pytest.mark.timeout(180)
@@ -88,7 +88,7 @@ def test_stop_pressed_at_a_prompt_stops_the_run_and_leaves_no_worker(kernel):
     request = client.get_stdin_msg(timeout=60)
     assert request["content"]["prompt"] == "[rank 1] (Pdb) "
     manager.interrupt_kernel()
-    reply = reply_to(client, msg_id, timeout=PROMPTLY)
+    reply = reply_once_idle(client, msg_id, timeout=PROMPTLY)
     assert reply["content"]["ename"] == "KeyboardInterrupt", reply["content"]
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

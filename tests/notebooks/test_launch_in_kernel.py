@@ -6,7 +6,7 @@ import time
 
 import psutil
 
-from tests_support import PROMPTLY, cell_text, execute_cells, reply_to, run_in_kernel
+from tests_support import PROMPTLY, cell_text, execute_cells, reply_once_idle, run_in_kernel
 
 CELLS = [
     """
@@ -83,7 +83,7 @@ def test_the_stop_button_stops_workers_and_the_next_launch_works(kernel):
     time.sleep(0.5)
     manager.interrupt_kernel()
     interrupted_at = time.monotonic()
-    reply = reply_to(client, msg_id, timeout=PROMPTLY)
+    reply = reply_once_idle(client, msg_id, timeout=PROMPTLY)
     assert reply["content"]["status"] == "error"
     assert reply["content"]["ename"] == "KeyboardInterrupt"
     assert time.monotonic() - interrupted_at < PROMPTLY  # the workers sleep for 600 s
