@@ -10,6 +10,7 @@ from typing import Any
 from notebook_accel.internals.api import PrivateApi, has, missing_error
 
 _API = "tensor.experimental._attention.set_rotate_method"
+_NEEDED_FOR = "ParallelismConfig's cp_comm_strategy"
 # torch's _RotateMethod members by the strategy names it takes
 _STRATEGIES = {"ALL_GATHER": "allgather", "ALL_TO_ALL": "alltoall"}
 
@@ -17,15 +18,13 @@ _STRATEGIES = {"ALL_GATHER": "allgather", "ALL_TO_ALL": "alltoall"}
 def set_rotate_method(strategy: str) -> None:
     """Make torch's context parallelism use `strategy` ("allgather" or "alltoall") from
     now on, in this process."""
-    if not _present():
-        raise missing_error(_API, "ParallelismConfig's cp_comm_strategy")
+    require_rotate_method(_NEEDED_FOR)
     _attention().set_rotate_method(strategy)
 
 
 def rotate_method() -> str:
     """The strategy torch's context parallelism uses now in this process."""
-    if not _present():
-        raise missing_error(_API, "ParallelismConfig's cp_comm_strategy")
+    require_rotate_method(_NEEDED_FOR)
     return _STRATEGIES[_attention()._cp_options.rotate_method.name]
 
 
