@@ -20,8 +20,7 @@ HERE = Path(__file__).parent
 # The longest test files (each over a minute on 2 cores: clusters, notebooks, fresh
 # environments) come first in a run in one process (TEST_WORKERS=1). `make test`'s
 # pytest-xdist hands the files out by their number of tests, the most first, and keeps
-# this order only among files of as many tests (all first, the Ray cluster files ran side
-# by side in both processes, which beside other load took over 20 minutes and failed).
+# this order only among files of as many tests.
 LONGEST_FIRST = [
     HERE / "torch_range",
     HERE / "launch" / "cluster",
@@ -30,6 +29,16 @@ LONGEST_FIRST = [
     HERE / "xla" / "test_xla_cpu_device.py",
     HERE / "live" / "test_live_workers.py",
 ]
+# The files that start Ray clusters run in one process, one after another: never two
+# clusters starting at once. A Ray node's raylet gives its dashboard agent a fixed 15 s to
+# start (ray-project/ray#65983), and with another file's cluster starting beside it (two
+# clusters' dozen Python processes importing at once on 2 cores) the teaching notebook's
+# own cluster missed it twice in a row.
+RAY_FILES = [
+    HERE / "launch" / "cluster",
+    HERE / "notebooks" / "test_teaching_notebooks.py",
+]
+RAY_SCOPE = "the files that start Ray clusters"
 
 
 # Handed out first under pytest-xdist (make test), ahead of its order by test count: the
@@ -38,8 +47,13 @@ LONGEST_FIRST = [
 XDIST_FIRST = ["tests/torch_range/test_torch_range.py"]
 
 
-class FirstFilesScheduling:
-    """A pytest-xdist plugin: `--dist loadfile`, with the XDIST_FIRST files first."""
+def _within(path: Path, places: list[Path]) -> bool:
+    return any(path == place or path.is_relative_to(place) for place in places)
+
+
+class SuiteScheduling:
+    """A pytest-xdist plugin: `--dist loadfile`, with the XDIST_FIRST files first and the
+    RAY_FILES together as one unit of work, so that one process runs them all."""
 
     @pytest.hookimpl
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
@@ -47,7 +61,13 @@ class FirstFilesScheduling:
             return None
         from xdist.scheduler import LoadFileScheduling
 
+        root = config.rootpath
+
         class Scheduling(LoadFileScheduling):
+            def _split_scope(self, nodeid: str) -> str:
+                file = nodeid.split("::", 1)[0]
+                return RAY_SCOPE if _within(root / file, RAY_FILES) else file
+
             def _assign_work_unit(self, node) -> None:
                 for scope in reversed(XDIST_FIRST):
                     if scope in self.workqueue:
@@ -59,13 +79,13 @@ class FirstFilesScheduling:
 
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
-        config.pluginmanager.register(FirstFilesScheduling(), "first-files-scheduling")
+        config.pluginmanager.register(SuiteScheduling(), "suite-scheduling")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     def rank(item: pytest.Item) -> int:
         for index, path in enumerate(LONGEST_FIRST):
-            if item.path == path or item.path.is_relative_to(path):
+            if _within(item.path, [path]):
                 return index
         return len(LONGEST_FIRST)
 
