@@ -41,10 +41,11 @@ RAY_FILES = [
 RAY_SCOPE = "the files that start Ray clusters"
 
 
-# Handed out first under pytest-xdist (make test), ahead of its order by test count: the
-# longest file, whose few tests each run a whole pytest on another torch (minutes), and
-# which started last would leave the other process idle at the end.
-XDIST_FIRST = ["tests/torch_range/test_torch_range.py"]
+# Handed out first under pytest-xdist (make test), one to each process, ahead of their
+# order by test count: the longest units of work, which started last would leave the other
+# process idle at the end: the file whose few tests each run a whole pytest on another torch,
+# and the Ray files (a third of the suite's work on a busy machine).
+XDIST_FIRST = ["tests/torch_range/test_torch_range.py", RAY_SCOPE]
 
 
 def _within(path: Path, places: list[Path]) -> bool:
