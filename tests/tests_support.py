@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import psutil
 
 # "At once", in a correctness test: far longer than a stop, a failure report or a
@@ -105,15 +107,17 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def open_fds_once_back_to(expected: set[int], seconds: float = 5.0) -> set[int]:
-    """This process's open descriptors once they equal `expected`, or after `seconds`
-    (a background thread, such as one importing modules after a run, may hold a
-    file open for a moment)."""
+def open_fds_once_back_to(
+    expected: set[int], seconds: float = 5.0, leaving_out: Callable[[], set[int]] = set
+) -> set[int]:
+    """This process's open descriptors, less those `leaving_out()` names, once they equal
+    `expected`, or after `seconds` (a background thread, such as one importing modules
+    after a run, may hold a file open for a moment)."""
     import os
     import time
 
     def now() -> set[int]:
-        return {int(name) for name in os.listdir("/proc/self/fd")}
+        return {int(name) for name in os.listdir("/proc/self/fd")} - leaving_out()
 
     deadline = time.monotonic() + seconds
     while now() != expected and time.monotonic() < deadline:
