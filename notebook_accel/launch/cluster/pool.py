@@ -37,6 +37,11 @@ from notebook_accel.launch.errors import PlacementError
 PLACEMENT_SECONDS = 30.0
 # How long the agents get to start: Ray starts a process on each node that imports torch.
 AGENT_START_SECONDS = 120.0
+# The agents, and the workers they start, run at normal priority, not at the niceness 15
+# Ray gives its worker processes: on a node shared with other work (a laptop's own
+# cluster, a busy CI runner) a training run at nice 15 gets a few percent of a core. Ray
+# Jobs runs a job's driver at 0 the same way (its job_manager sets this variable).
+AGENT_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 # How long warm agents get to answer before a launch makes new ones instead.
 PING_SECONDS = 5.0
 # After a node was lost, how long to wait for the cluster to see it gone before placing
@@ -139,6 +144,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                     max_concurrency=MAX_CONCURRENT_CALLS,
                     max_restarts=0,
                     max_task_retries=0,
+                    runtime_env=AGENT_RUNTIME_ENV,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         group, placement_group_bundle_index=bundle
                     ),

@@ -55,6 +55,7 @@ def train(epochs: int):
         "disk": os.environ.get("NODE_DISK"),
         "precision": accelerator.mixed_precision,
         "agent": os.getppid(),
+        "niceness": os.nice(0),
     }
 
 
@@ -62,6 +63,9 @@ def test_two_nodes_train_exactly_as_two_local_workers(ray_cluster):
     on_cluster = notebook_launcher(train, (2,), return_all=True, live=False, **ON_TWO_NODES)
     local = notebook_launcher(train, (2,), num_processes=2, return_all=True, live=False)
     assert {value["disk"] for value in on_cluster} == {str(d) for d in ray_cluster.disks.values()}
+    # At the kernel's priority, as the local workers: not at Ray's niceness of 15 for its
+    # worker processes, which beside other work on the node starves a run.
+    assert [value["niceness"] for value in on_cluster] == [os.nice(0)] * 2
     for remote, here in zip(on_cluster, local, strict=True):
         assert remote["losses"] == here["losses"]
         for name, tensor in here["weights"].items():
