@@ -12,21 +12,19 @@ in the registry (platforms/__init__.py).
 
 from __future__ import annotations
 
-import atexit
 import enum
 import os
 import sys
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from notebook_accel.config.kwargs import InitProcessGroupKwargs
-from notebook_accel.config.settings import ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS
 from notebook_accel.platforms.collectives import Collectives
 from notebook_accel.platforms.hardware import Hardware, cpu_cores
+from notebook_accel.platforms.joining import join_process_group
 
 
 class DistributedType(str, enum.Enum):
@@ -250,84 +248,3 @@ class Platform:
 
     def manual_seed(self, seed: int) -> None:
         """Seed this device's generators (torch.manual_seed covers CPU and CUDA)."""
-
-
-def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwargs) -> None:
-    """`init_process_group` from the launch's environment, with a short wait to meet."""
-    if not dist.is_available():
-        raise RuntimeError(
-            "This torch build has no torch.distributed; it cannot run several processes."
-        )
-    if "MASTER_ADDR" not in os.environ and kwargs.init_method is None:
-        raise RuntimeError(
-            "WORLD_SIZE > 1 but MASTER_ADDR is not set, so this process cannot find the others. "
-            "Start the processes with notebook_launcher(...) or torchrun."
-        )
-    timeout = _timeout(kwargs)
-    backend = kwargs.backend or process_group_backend
-    if kwargs.init_method not in (None, "env://"):
-        dist.init_process_group(
-            backend,
-            init_method=kwargs.init_method,
-            **({"timeout": timeout} if timeout else {}),
-        )
-        return
-    # Meeting the others gets a short timeout of its own: a process that never
-    # joins must not leave the rest waiting for the 30-minute collective timeout.
-    waited = float(os.environ.get(ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS))
-    try:
-        store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=waited)))
-        # gloo and nccl wait for missing peers with the collective timeout (30
-        # minutes), so first wait here, at the store, with the short one.
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        key = f"notebook_accel/joined/{attempt}/"
-        store.set(f"{key}{rank}", "1")
-        store.wait([f"{key}{peer}" for peer in range(world)], timedelta(seconds=waited))
-        # From here on the store serves the group (nccl reads its communicator id
-        # from it at the first collective): give it the group's own timeout.
-        store.set_timeout(timeout or dist.default_pg_timeout)
-        dist.init_process_group(
-            backend,
-            store=store,
-            rank=rank,
-            world_size=world,
-            **({"timeout": timeout} if timeout else {}),
-        )
-    except (dist.DistStoreError, dist.DistNetworkError) as error:
-        raise _rendezvous_error(waited, error) from error
-    # Workers started by notebook_launcher leave with os._exit and skip this;
-    # under torchrun the interpreter exits normally, and a process group still
-    # alive then can abort the process ("terminate called without an active
-    # exception") from its threads' destructors.
-    atexit.register(_leave_process_group)
-
-
-def _timeout(kwargs: InitProcessGroupKwargs) -> timedelta | None:
-    if kwargs.timeout is None:
-        return None
-    if isinstance(kwargs.timeout, timedelta):
-        return kwargs.timeout
-    return timedelta(seconds=kwargs.timeout)
-
-
-def _leave_process_group() -> None:
-    if not (dist.is_available() and dist.is_initialized()):
-        return
-    try:
-        if dist.get_backend() == "gloo":
-            # A barrier first: destroy right after the last collective can hang a rank.
-            dist.monitored_barrier(timeout=timedelta(seconds=30))
-    except RuntimeError:
-        pass  # a peer is gone; leave anyway
-    finally:
-        dist.destroy_process_group()
-
-
-def _rendezvous_error(waited: float, error: Exception) -> RuntimeError:
-    return RuntimeError(
-        f"rank {os.environ.get('RANK', '?')} waited {waited:.0f} s for all "
-        f"{os.environ.get('WORLD_SIZE', '?')} processes to join and gave up ({error}). "
-        "Every process must create its Accelerator (or join the process group); on "
-        "several machines, check that every machine was started with the same "
-        "master address and port."
-    )
