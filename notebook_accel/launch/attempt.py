@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,6 +47,7 @@ def open_group(
         group = WorkerGroup(dataclasses.replace(spec, commands=commands), emit, stop)
         group.hang_after = plan.explain_hang_after
         group.prompter = ask_in_cell  # a worker's input() and breakpoint() ask in the cell
+        group.on_clean_exit = functools.partial(rendezvous.mark_left, attempt=attempt)
         try:
             group.start()
             rendezvous.serve()

@@ -108,6 +108,20 @@ class Rendezvous:
                 self._store_fd = listen_fd
                 parent_only(listen_fd)
 
+    def mark_left(self, rank: int, attempt: int) -> None:
+        """Mark at the store that `rank` exited cleanly: a peer still waiting to meet it
+        there then fails at once (platforms/joining.py). Nothing once the store is gone."""
+        if self._store is None:
+            return
+        import torch.distributed as dist
+
+        from notebook_accel.platforms.joining import mark_left
+
+        try:
+            mark_left(self._store, rank, attempt)
+        except dist.DistError:
+            pass  # the store is going: so is every rank that waited there
+
     def __exit__(self, *exc_info: Any) -> None:
         with guarded():
             self._store = None  # stops the server thread, which closes its descriptor

@@ -310,6 +310,9 @@ class WorkerGroupBase:
         self._prompt_seconds = 0.0
         # The deadline of the wait in progress (None: none), for an unattended prompt.
         self._deadline: float | None = None
+        # Told the rank of each worker that exits with code 0: the process hosting the
+        # launch's store marks it there, for peers still waiting to meet it.
+        self.on_clean_exit: Callable[[int], None] | None = None
 
     # -- what a subclass provides --------------------------------------------------
 
@@ -580,6 +583,8 @@ class WorkerGroupBase:
         worker.exitcode, worker.lost = exitcode, lost
         worker.noticed_at = time.time()
         self._progressed()
+        if exitcode == 0 and not lost and self.on_clean_exit is not None:
+            self.on_clean_exit(worker.rank)
         self.emit(WorkerExited(worker.rank, exitcode))
 
     def failed_workers(self) -> list[_Worker]:

@@ -32,7 +32,6 @@ from notebook_accel.launch import debugging
 from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.launch.stacks import StackRequests
 from notebook_accel.launch.warm import imported_since
-from notebook_accel.platforms.joining import say_left_without_joining
 from notebook_accel.platforms.registry import PLATFORMS
 
 # Imported here, in the launching process, so that forked workers inherit
@@ -235,15 +234,11 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         _send_peak_resources(channel, rank)
         if spec.returns_value(rank):
             _send_result(channel, rank, value)
-        # A peer may wait to meet this rank, which never will (platforms/joining.py).
-        say_left_without_joining()
         _barrier_before_exit()
     except SystemExit as stop:
         exitcode = _exit_status(stop.code)
         if exitcode:
             _send_error(channel, rank, stop, spec.function)
-        else:
-            say_left_without_joining()
         return exitcode
     except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
         _send_peak_resources(channel, rank)

@@ -1,10 +1,11 @@
-"""How a worker joins the others, and how it tells them it never will.
+"""How a worker joins the others, and how it learns that a peer never will.
 
 The ranks meet at the launch's store (launch/rendezvous.py) before
 `init_process_group`: gloo and nccl wait for a missing peer for the whole
-collective timeout (30 minutes), the store for a short one. A worker started
-by the launcher that returns without ever joining says so at the store, so a
-peer that waits for it fails at once with the reason instead of after the wait.
+collective timeout (30 minutes), the store for a short one. The process that
+hosts the store marks each of its workers that exits cleanly (`left_key`), so
+a rank waiting for a peer that returned without ever joining fails at once
+with the reason instead of after the wait.
 """
 
 from __future__ import annotations
@@ -19,18 +20,13 @@ import torch.distributed as dist
 from notebook_accel.config.kwargs import InitProcessGroupKwargs
 from notebook_accel.config.settings import ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS
 
-# How often a rank waiting for its peers looks whether one of them left instead.
-_LOOK_FOR_LEAVERS_EVERY = timedelta(seconds=0.5)
-# A rank that left says so within this, or not at all (the store may be gone).
-_SAY_LEFT_WITHIN = timedelta(seconds=10)
-
-# Whether this process joined a group through join_process_group.
-_joined = False
+# How often, at most, a rank waiting for its peers looks at the store again. It
+# polls: a store wait that times out prints a warning from c10d each time.
+_LOOK_AT_MOST_EVERY = 0.1
 
 
 def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwargs) -> None:
     """`init_process_group` from the launch's environment, with a short wait to meet."""
-    global _joined
     if not dist.is_available():
         raise RuntimeError(
             "This torch build has no torch.distributed; it cannot run several processes."
@@ -48,14 +44,13 @@ def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwarg
             init_method=kwargs.init_method,
             **({"timeout": timeout} if timeout else {}),
         )
-        _joined = True
         return
     # Meeting the others gets a short timeout of its own: a process that never
     # joins must not leave the rest waiting for the 30-minute collective timeout.
     waited = float(os.environ.get(ENV_RENDEZVOUS_TIMEOUT, RENDEZVOUS_TIMEOUT_SECONDS))
     try:
         store, rank, world = next(dist.rendezvous("env://", timeout=timedelta(seconds=waited)))
-        store.set(_key("joined", rank), "1")
+        store.set(_key("joined", rank, _attempt()), "1")
         never_joined = _wait_for_peers(store, rank, world, waited)
         if never_joined:
             ranks = ", ".join(str(peer) for peer in never_joined)
@@ -72,7 +67,6 @@ def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwarg
         )
     except (dist.DistStoreError, dist.DistNetworkError) as error:
         raise _rendezvous_error(waited, error) from error
-    _joined = True
     # Workers started by notebook_launcher leave with os._exit and skip this;
     # under torchrun the interpreter exits normally, and a process group still
     # alive then can abort the process ("terminate called without an active
@@ -80,58 +74,48 @@ def join_process_group(process_group_backend: str, kwargs: InitProcessGroupKwarg
     atexit.register(_leave_process_group)
 
 
-def say_left_without_joining() -> None:
-    """Tell the launch's store that this rank returned without joining the group.
-
-    Called by a launched worker after the training function returned. A peer
-    waiting in `join_process_group` then fails at once, naming this rank. Does
-    nothing where the process joined, runs alone, or the store cannot be reached.
-    """
-    env = os.environ
-    if _joined or (dist.is_available() and dist.is_initialized()):
-        return
-    if int(env.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in env:
-        return
-    try:
-        store = dist.TCPStore(
-            env["MASTER_ADDR"],
-            int(env["MASTER_PORT"]),
-            is_master=False,
-            timeout=_SAY_LEFT_WITHIN,
-            wait_for_workers=False,
-        )
-        store.set(_key("left", int(env.get("RANK", "0"))), "1")
-    except (KeyError, ValueError, RuntimeError):
-        pass  # nobody can be waiting for this rank there: the launch has ended
+def mark_left(store: dist.Store, rank: int, attempt: int) -> None:
+    """Record in `store` (hosted by the launching process) that `rank` of launch
+    attempt `attempt` has exited cleanly, whether or not it joined."""
+    store.set(_key("left", rank, str(attempt)), "1")
+    store.add(_key("left", "count", str(attempt)), 1)  # after the key: see _wait_for_peers
 
 
-def _key(what: str, rank: int) -> str:
+def _key(what: str, rank: int | str, attempt: str) -> str:
     # Each attempt of a launch with restarts has a store of its own; the attempt
     # in the key also keeps apart attempts that share one (torchrun's agent store).
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     return f"notebook_accel/{what}/{attempt}/{rank}"
+
+
+def _attempt() -> str:
+    return os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
 
 
 def _wait_for_peers(store: dist.Store, rank: int, world: int, waited: float) -> list[int]:
     """Wait until every rank joined and return [], or the ranks still missing after
-    `waited` seconds; fail at once if one returned without joining."""
-    missing = [peer for peer in range(world) if peer != rank]
-    deadline = time.monotonic() + waited
-    while True:
-        left = [peer for peer in missing if store.check([_key("left", peer)])]
-        if left:
-            raise RuntimeError(_left_without_joining(rank, left))
-        missing = [peer for peer in missing if not store.check([_key("joined", peer)])]
-        remaining = deadline - time.monotonic()
-        if not missing or remaining <= 0:
-            return missing
-        try:
-            store.wait(
-                [_key("joined", missing[0])],
-                min(_LOOK_FOR_LEAVERS_EVERY, timedelta(seconds=remaining)),
-            )
-        except dist.DistStoreError:
-            pass  # not yet (the store raises this when a wait times out): look again
+    `waited` seconds; fail at once if one exited without joining."""
+    attempt = _attempt()
+    joined = [_key("joined", peer, attempt) for peer in range(world)]
+    left_count, seen_leaving = _key("left", "count", attempt), 0
+    deadline, pause = time.monotonic() + waited, 0.002
+    while not store.check(joined):
+        leaving = store.add(left_count, 0)  # reads the count
+        if leaving != seen_leaving:
+            seen_leaving = leaving
+            # A rank joins before it can exit: one that left and, looked at
+            # afterwards, has not joined, never will.
+            never = [
+                peer
+                for peer in range(world)
+                if store.check([_key("left", peer, attempt)]) and not store.check([joined[peer]])
+            ]
+            if never:
+                raise RuntimeError(_left_without_joining(rank, never))
+        if time.monotonic() >= deadline:
+            return [peer for peer in range(world) if not store.check([joined[peer]])]
+        time.sleep(pause)
+        pause = min(pause * 2, _LOOK_AT_MOST_EVERY)
+    return []
 
 
 def _left_without_joining(rank: int, left: list[int]) -> str:
