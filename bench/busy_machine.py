@@ -8,8 +8,9 @@ processes that each keep a core busy for the whole run, and (unless `--no-ray`) 
 Ray cluster of its own started first on Ray's default ports (`ray start --head
 --port=6379 --dashboard-port=8265`, kept on the loopback interface). Once the
 command ends, the load is stopped (by the PIDs it started, never by name) and every
-process that appeared during the command and still runs is listed: a suite that
-cleans up after itself leaves none. The exit status is the command's, or 3 if it
+process of the command's that still runs is listed (new since it started, with the
+mark the command's environment passes on to all it starts): a suite that cleans up
+after itself leaves none. The exit status is the command's, or 3 if it
 left processes behind.
 """
 
@@ -29,6 +30,8 @@ from notebook_accel.launch.cluster.connect import end_processes
 # Keeps a Ray cluster on 127.0.0.1, as Ray does on macOS and Windows.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
 SPIN = "while True: pass"
+# Set in the command's environment: what it started, and what those started, carry it.
+RUN_TOKEN = "BUSY_MACHINE_RUN"
 
 
 def start_busy(count: int) -> list[subprocess.Popen]:
@@ -59,8 +62,11 @@ def ray_processes(temp_dir: str) -> list[psutil.Process]:
     return found
 
 
-def left_behind(before: set[int], load: set[int]) -> list[str]:
-    """Processes that appeared while the command ran and still run, not the load's."""
+def left_behind(before: set[int], load: set[int], token: str) -> list[str]:
+    """Processes of the command's that still run: new since it started, not the load's,
+    and carrying `token` in their environment, which the command's descendants inherit
+    (orphans too). Whatever else started meanwhile on the machine (another user's
+    shell) is none of the command's."""
     time.sleep(2)  # what the command stopped as it ended gets a moment to go
     found = []
     for process in psutil.process_iter(["pid", "name", "cmdline", "status"]):
@@ -69,8 +75,17 @@ def left_behind(before: set[int], load: set[int]) -> list[str]:
             continue
         if info["status"] == psutil.STATUS_ZOMBIE or not info["cmdline"]:
             continue  # a zombie, or a kernel thread (no command line)
+        if not _carries(process, token):
+            continue
         found.append(f"{info['pid']} {' '.join(info['cmdline'] or [info['name'] or '?'])[:160]}")
     return found
+
+
+def _carries(process: psutil.Process, token: str) -> bool:
+    try:
+        return process.environ().get(RUN_TOKEN) == token
+    except psutil.Error:
+        return False
 
 
 def main() -> int:
@@ -100,14 +115,15 @@ def main() -> int:
         print(f"{options.busy} busy processes; running: {' '.join(command)}", flush=True)
         before = {process.pid for process in psutil.process_iter()}
         started = time.monotonic()
-        status = subprocess.call(command)
+        token = f"{os.getpid()}-{time.time_ns()}"
+        status = subprocess.call(command, env={**os.environ, RUN_TOKEN: token})
         took = time.monotonic() - started
     finally:
         end_processes({p.pid for p in busy}, seconds=10)
         if not options.no_ray:
             cluster |= {p.pid for p in ray_processes(temp_dir)}
             end_processes(cluster, seconds=10)
-    leftover = left_behind(before, load)
+    leftover = left_behind(before, load, token)
     print(f"the command ended with {status} after {took:.0f} s")
     if leftover:
         print("processes it left running:\n  " + "\n  ".join(leftover))
