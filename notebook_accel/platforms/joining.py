@@ -3,7 +3,7 @@
 The ranks meet at the launch's store (launch/rendezvous.py) before
 `init_process_group`: gloo and nccl wait for a missing peer for the whole
 collective timeout (30 minutes), the store for a short one. The process that
-hosts the store marks each of its workers that exits cleanly (`left_key`), so
+hosts the store marks each of its workers that exits cleanly (`mark_left`), so
 a rank waiting for a peer that returned without ever joining fails at once
 with the reason instead of after the wait.
 """
