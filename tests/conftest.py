@@ -103,6 +103,20 @@ def each_start_method(request, monkeypatch) -> Iterator[str]:
     yield request.param
 
 
+@pytest.fixture(params=["fork", "forkserver"])
+def each_way_to_ship(request, monkeypatch) -> Iterator[str]:
+    """Run the test twice: with forked workers, which inherit the function, and with
+    workers of start method "forkserver", which get it and its arguments by value. For
+    tests of what workers do once they run: from `fresh.run_shipped` on, a worker of
+    "spawn" runs the code a worker of "forkserver" runs (only how its process starts,
+    is watched and ends differs, which the modules on `each_start_method` test), so a
+    third run under "spawn" would repeat this one at the price of importing torch in
+    every worker. A module opts in with
+    `pytestmark = pytest.mark.usefixtures("each_way_to_ship")`."""
+    monkeypatch.setenv(ENV_START_METHOD, request.param)
+    yield request.param
+
+
 @pytest.fixture(autouse=True, scope="module")
 def template_per_module() -> Iterator[None]:
     """The template process of start method "forkserver" lasts from one launch to the

@@ -176,8 +176,9 @@ def uninterrupted(tmp_path_factory):
 MID_EPOCH, EPOCH_END = (1, 3), (1, 6)
 
 
-# Every pair of start method, stop point and precision, each in at least one run (six
-# runs, not all twelve combinations: none of the three depends on the other two).
+# Every pair of way to ship the function (tests/conftest.py, each_way_to_ship), stop
+# point and precision, each in at least one run (four runs, not all eight combinations:
+# none of the three depends on the other two).
 @pytest.mark.parametrize(
     ("start_method", "stop_at", "precision"),
     [
@@ -185,8 +186,6 @@ MID_EPOCH, EPOCH_END = (1, 3), (1, 6)
         ("fork", EPOCH_END, "bf16"),
         ("forkserver", MID_EPOCH, "bf16"),
         ("forkserver", EPOCH_END, "no"),
-        ("spawn", MID_EPOCH, "no"),
-        ("spawn", EPOCH_END, "bf16"),
     ],
     ids=lambda value: {MID_EPOCH: "mid-epoch", EPOCH_END: "epoch-end"}.get(value, value),
 )

@@ -14,8 +14,9 @@ from notebook_accel import Accelerator, last_run, notebook_launcher, progress_ba
 from notebook_accel.reporting.metrics import MetricRecord
 from notebook_accel.reporting.observers import RunObserver
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Every test here runs with forked workers and with workers that get the function by
+# value (tests/conftest.py says why not a third time under "spawn").
+pytestmark = pytest.mark.usefixtures("each_way_to_ship")
 
 
 def logs_steps(steps, every_rank=False):

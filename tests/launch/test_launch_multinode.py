@@ -9,8 +9,9 @@ import pytest
 
 from tests_support import free_port, run_together
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Every test here runs with forked workers and with workers that get the function by
+# value (tests/conftest.py says why not a third time under "spawn").
+pytestmark = pytest.mark.usefixtures("each_way_to_ship")
 
 NODE_SCRIPT = textwrap.dedent("""
     import sys, torch, torch.distributed as dist

@@ -15,8 +15,9 @@ from notebook_accel import last_run, notebook_launcher
 from notebook_accel.config.settings import LaunchSettings
 from tests_support import live_children
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Every test here runs with forked workers and with workers that get the function by
+# value (tests/conftest.py says why not a third time under "spawn").
+pytestmark = pytest.mark.usefixtures("each_way_to_ship")
 
 
 def sum_of_ranks(scale: float, offset: float = 0.0):

@@ -15,7 +15,11 @@ from notebook_accel import WorkerError
 from notebook_accel.live import GroupEnded, start_workers
 from tests_support import PROMPTLY
 
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Calls, state and results run twice (tests/conftest.py, each_way_to_ship); stops,
+# timeouts, deaths and ends, which depend on how each worker's process is watched and
+# signalled, run under every start method.
+SHIPPED = pytest.mark.usefixtures("each_way_to_ship")
+EACH_START = pytest.mark.usefixtures("each_start_method")
 
 
 @pytest.fixture
@@ -31,6 +35,7 @@ def rank_and_pid():
     return dist.get_rank(), dist.get_world_size(), os.getpid()
 
 
+@SHIPPED
 def test_calls_reach_every_worker_and_return_real_objects(workers):
     assert workers.alive and workers.ranks == [0, 1]
     rank, world, pid = workers.run(rank_and_pid)
@@ -84,6 +89,7 @@ def train(n):
 )
 
 
+@SHIPPED
 def test_a_model_stays_resident_between_calls(workers, capsys, tmp_path):
     workers.run_cell(TRAIN_CELL)
     first = workers.run(train, 5)
@@ -111,6 +117,7 @@ def divide(by_zero_on):
     return "fine"
 
 
+@SHIPPED
 def test_an_exception_comes_back_and_the_workers_stay_up(workers):
     workers.run_cell("kept = 'still here'")
     with pytest.raises(WorkerError) as failure:
@@ -135,6 +142,7 @@ def press_stop_after(seconds):
     return timer
 
 
+@EACH_START
 def test_stop_interrupts_the_call_and_keeps_the_workers(workers):
     workers.run_cell("kept = 42")
     timer = press_stop_after(0.5)
@@ -162,6 +170,7 @@ def train_until_stopped():
 )
 
 
+@EACH_START
 def test_a_training_loop_that_checks_stops_at_one_step_on_every_worker(workers):
     workers.run_cell(TRAIN_CELL)
     for _ in range(3):  # each time, mid-training, in the middle of DDP's all-reduces
@@ -182,6 +191,7 @@ def ignore_the_first_interrupt():
     return "unreachable"
 
 
+@EACH_START
 def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
     first, second = press_stop_after(0.5), press_stop_after(1.5)
     started = time.monotonic()
@@ -196,6 +206,7 @@ def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
     assert workers.run_cell("1 + 1") == 2
 
 
+@SHIPPED
 def test_the_launch_precision_reaches_the_workers():
     group = start_workers(2, backend="cpu", mixed_precision="bf16", live=False)
     try:
@@ -205,6 +216,7 @@ def test_the_launch_precision_reaches_the_workers():
         group.close()
 
 
+@EACH_START
 def test_a_timeout_interrupts_the_call_and_keeps_the_workers(workers):
     with pytest.raises(TimeoutError, match="still running with their state"):
         workers.run(sleep_then_answer, 30, timeout=0.5)
@@ -221,6 +233,7 @@ def never_stop():
     return "unreachable"
 
 
+@EACH_START
 def test_a_worker_that_will_not_stop_ends_the_group_which_restarts(workers):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="the group was ended") as stopped:
@@ -234,6 +247,7 @@ def test_a_worker_that_will_not_stop_ends_the_group_which_restarts(workers):
     assert workers.run(rank_and_pid)[:2] == (0, 2)
 
 
+@EACH_START
 def test_a_worker_that_dies_ends_the_group(workers):
     with pytest.raises(WorkerError) as failure:
         workers.run(os._exit, 3, ranks=[1])
@@ -245,6 +259,7 @@ def test_a_worker_that_dies_ends_the_group(workers):
     assert workers.run_cell("1 + 1") == 2
 
 
+@EACH_START
 def test_closing_ends_every_worker_and_later_calls_say_so(workers):
     pids = [pid for _, _, pid in workers.run(rank_and_pid, return_all=True)]
     workers.close()
@@ -277,6 +292,7 @@ time.sleep(60)
 """
 
 
+@EACH_START
 def test_live_workers_end_with_a_kernel_that_is_killed(tmp_path):
     import subprocess
     import sys
