@@ -39,6 +39,16 @@ RAY_FILES = [
     HERE / "notebooks" / "test_teaching_notebooks.py",
 ]
 RAY_SCOPE = "the files that start Ray clusters"
+# The files that use the documentation site's one build per run (tests/docs/conftest.py,
+# `built_site`: a strict build takes about 20 s of CPU) run in one process too, or each
+# process would build it again.
+DOCS_SITE_FILES = [
+    HERE / "docs" / "test_site_build.py",
+    HERE / "docs" / "test_site_in_browser.py",
+]
+DOCS_SITE_SCOPE = "the files that read the documentation site's build"
+# Each group of files that runs in one process under pytest-xdist, by its name.
+SHARED_SCOPES = {RAY_SCOPE: RAY_FILES, DOCS_SITE_SCOPE: DOCS_SITE_FILES}
 
 
 # Handed out first under pytest-xdist (make test), one to each process, ahead of their
@@ -53,8 +63,8 @@ def _within(path: Path, places: list[Path]) -> bool:
 
 
 class SuiteScheduling:
-    """A pytest-xdist plugin: `--dist loadfile`, with the XDIST_FIRST files first and the
-    RAY_FILES together as one unit of work, so that one process runs them all."""
+    """A pytest-xdist plugin: `--dist loadfile`, with the XDIST_FIRST files first and each
+    group of SHARED_SCOPES together as one unit of work, so that one process runs it all."""
 
     @pytest.hookimpl
     def pytest_xdist_make_scheduler(self, config: pytest.Config, log):
@@ -67,7 +77,10 @@ class SuiteScheduling:
         class Scheduling(LoadFileScheduling):
             def _split_scope(self, nodeid: str) -> str:
                 file = nodeid.split("::", 1)[0]
-                return RAY_SCOPE if _within(root / file, RAY_FILES) else file
+                for scope, files in SHARED_SCOPES.items():
+                    if _within(root / file, files):
+                        return scope
+                return file
 
             def _assign_work_unit(self, node) -> None:
                 for scope in reversed(XDIST_FIRST):
