@@ -99,15 +99,27 @@ class FreshProcess:
         local_rank: int,
         stdout_fd: int,
         stderr_fd: int,
+        python_fd: int,
         channel_fd: int,
         command_fd: int | None,
         name: str,
     ) -> None:
         self.name = name
-        fds = (spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, os.getpid(), command_fd)
+        fds = (
+            spec_fd,
+            local_rank,
+            stdout_fd,
+            stderr_fd,
+            python_fd,
+            channel_fd,
+            os.getpid(),
+            command_fd,
+        )
         self._argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), *map(str, fds)]
         self._fds = tuple(
-            fd for fd in (spec_fd, stdout_fd, stderr_fd, channel_fd, command_fd) if fd is not None
+            fd
+            for fd in (spec_fd, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
+            if fd is not None
         )
         self._stdout, self._stderr = stdout_fd, stderr_fd
         self._popen: subprocess.Popen | None = None
@@ -157,9 +169,13 @@ class FreshProcess:
 
 def child_main(argv: list[str]) -> None:
     """Read the spec the kernel shipped, then run as any worker does (never returns)."""
-    spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid = map(int, argv[:6])
-    command_fd = None if argv[6] == "None" else int(argv[6])
-    run_shipped(spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, parent_pid, command_fd)
+    spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, parent_pid = map(
+        int, argv[:7]
+    )
+    command_fd = None if argv[7] == "None" else int(argv[7])
+    run_shipped(
+        spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, parent_pid, command_fd
+    )
 
 
 def run_shipped(
@@ -167,6 +183,7 @@ def run_shipped(
     local_rank: int,
     stdout_fd: int,
     stderr_fd: int,
+    python_fd: int,
     channel_fd: int,
     parent_pid: int,
     command_fd: int | None,
@@ -182,7 +199,9 @@ def run_shipped(
     from notebook_accel.launch.worker import worker_main
 
     spec = cloudpickle.loads(blob)
-    worker_main(spec, local_rank, stdout_fd, stderr_fd, channel_fd, [], parent_pid, command_fd)
+    worker_main(
+        spec, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, [], parent_pid, command_fd
+    )
 
 
 def read_all(fd: int) -> bytes:

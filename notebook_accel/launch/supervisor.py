@@ -53,6 +53,7 @@ from notebook_accel.launch.forking import (
     parent_only_fds,
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
+from notebook_accel.launch.output_pipes import PYTHON_PIPE, FramedLines, StreamLines
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
@@ -182,28 +183,6 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
         raise KeyboardInterrupt("the run was stopped")
 
 
-class LineBuffer:
-    """Joins chunks of a stream into whole lines."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[str]:
-        """Take the next bytes; return the lines they complete (newline included)."""
-        *lines, self._pending = (self._pending + data).split(b"\n")
-        return [line.decode(errors="replace") + "\n" for line in lines]
-
-    def take_partial(self) -> str:
-        """The partial last line (a prompt), taken out of the buffer."""
-        rest, self._pending = self._pending, b""
-        return rest.decode(errors="replace")
-
-    def flush(self) -> list[str]:
-        """The partial last line, if any, with a newline added."""
-        rest = self.take_partial()
-        return [rest + "\n"] if rest else []
-
-
 class FatalReport:
     """The Python stacks a worker's faulthandler writes to stderr as it crashes.
 
@@ -271,12 +250,17 @@ class _Worker:
 
 @dataclass
 class _Pipe:
-    """The read end of one of a worker's pipes: "stdout", "stderr" or "channel"."""
+    """The read end of one of a worker's pipes: "stdout" and "stderr" (its descriptors
+    1 and 2), "python" (what Python writes to either, in order: launch/output_pipes.py)
+    or "channel" (its events, read by `reader`)."""
 
     worker: _Worker
     stream: str
-    lines: LineBuffer = field(default_factory=LineBuffer)
     reader: ChannelReader | None = None
+    lines: StreamLines | FramedLines = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.lines = FramedLines() if self.stream == PYTHON_PIPE else StreamLines(self.stream)
 
 
 class WorkerGroupBase:
@@ -486,16 +470,17 @@ class WorkerGroupBase:
                 self._progressed()
                 self._on_event(pipe.worker, event)
         else:
-            self._emit_lines(pipe, pipe.lines.feed(data))
+            self._emit_lines(pipe.worker, pipe.lines.feed(data))
 
-    def _emit_lines(self, pipe: _Pipe, lines: list[str]) -> None:
-        for line in lines:
-            if pipe.stream == "stderr":
-                if pipe.worker.stacks.take(line):  # asked for: shown in the explanation
+    def _emit_lines(self, worker: _Worker, lines: list[tuple[str, str]]) -> None:
+        """Emit (stream, line) pairs of `worker`'s output."""
+        for stream, line in lines:
+            if stream == "stderr":
+                if worker.stacks.take(line):  # asked for: shown in the explanation
                     continue
-                pipe.worker.fatal.feed(line)
+                worker.fatal.feed(line)
             self._progressed()
-            self.emit(OutputLine(pipe.worker.rank, pipe.stream, line))
+            self.emit(OutputLine(worker.rank, stream, line))
 
     def _on_event(self, worker: _Worker, event: RunEvent) -> None:
         if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
@@ -684,6 +669,7 @@ class WorkerGroup(WorkerGroupBase):
         local_rank: int,
         out_w: int,
         err_w: int,
+        python_w: int,
         chan_w: int,
         command_r: int | None,
         name: str,
@@ -694,7 +680,17 @@ class WorkerGroup(WorkerGroupBase):
         inherited = parent_only_fds()
         return context.Process(
             target=worker_main,
-            args=(self.spec, local_rank, out_w, err_w, chan_w, inherited, os.getpid(), command_r),
+            args=(
+                self.spec,
+                local_rank,
+                out_w,
+                err_w,
+                python_w,
+                chan_w,
+                inherited,
+                os.getpid(),
+                command_r,
+            ),
             name=name,
             daemon=False,
         )
@@ -702,18 +698,26 @@ class WorkerGroup(WorkerGroupBase):
     def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        # What Python writes to sys.stdout and sys.stderr, in order (launch/output_pipes.py).
+        python_r, python_w = os.pipe()
         # A socket pair: events come up, answers to the worker's prompts go down.
         chan_r, chan_w = (end.detach() for end in socket.socketpair())
         # Live workers read their calls from a pipe whose write end stays here.
         command_r, command_w = os.pipe() if self.spec.commands else (None, None)
-        ours = [fd for fd in (out_r, err_r, chan_r, command_w) if fd is not None]
-        theirs = [fd for fd in (out_w, err_w, chan_w, command_r) if fd is not None]
+        ours = [fd for fd in (out_r, err_r, python_r, chan_r, command_w) if fd is not None]
+        theirs = [fd for fd in (out_w, err_w, python_w, chan_w, command_r) if fd is not None]
         for fd in ours:
             parent_only(fd)
         if command_w is not None:  # calls are written with a deadline (live/protocol.py)
             os.set_blocking(command_w, False)
         process = make(
-            local_rank, out_w, err_w, chan_w, command_r, name=f"notebook_accel-worker-{local_rank}"
+            local_rank,
+            out_w,
+            err_w,
+            python_w,
+            chan_w,
+            command_r,
+            name=f"notebook_accel-worker-{local_rank}",
         )
         try:
             process.start()
@@ -732,6 +736,7 @@ class WorkerGroup(WorkerGroupBase):
         self.workers.append(worker)
         self._watch(out_r, _Pipe(worker, "stdout"))
         self._watch(err_r, _Pipe(worker, "stderr"))
+        self._watch(python_r, _Pipe(worker, PYTHON_PIPE))
         self._watch(chan_r, _Pipe(worker, "channel", reader=ChannelReader(worker.rank)))
         self._sentinels[process.sentinel] = worker
         self._selector.register(process.sentinel, selectors.EVENT_READ)
@@ -807,7 +812,7 @@ class WorkerGroup(WorkerGroupBase):
         pipe = self._pipes.pop(fd)
         self._selector.unregister(fd)
         close_parent_only(fd)
-        self._emit_lines(pipe, pipe.lines.flush())  # a last line without a newline
+        self._emit_lines(pipe.worker, pipe.lines.flush())  # a last line without a newline
 
     def _on_exit(self, worker: _Worker) -> None:
         # The sentinel closes while the process exits, a moment before waitpid can
@@ -833,8 +838,7 @@ class WorkerGroup(WorkerGroupBase):
             pipe = self._pipes[fd]
             if pipe.stream != "channel":
                 self._drain(fd)  # what it wrote before the prompt is shown first
-                if pipe.stream == "stdout":
-                    prompt = pipe.lines.take_partial()
+                prompt += pipe.lines.take_partial("stdout")
         return prompt
 
     def _send_answer(self, worker: _Worker, frame: bytes) -> None:

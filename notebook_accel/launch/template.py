@@ -167,12 +167,13 @@ class TemplateProcess:
         local_rank: int,
         stdout_fd: int,
         stderr_fd: int,
+        python_fd: int,
         channel_fd: int,
         command_fd: int | None,
         name: str,
     ) -> None:
         self.name = name
-        self._args = (spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, command_fd)
+        self._args = (spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
         self._template: _Template | None = None
         self._fresh: FreshProcess | None = None
         self._pid: int | None = None
@@ -182,9 +183,9 @@ class TemplateProcess:
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
-        spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, command_fd = self._args
+        spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd = self._args
         context_fd = _kernel_context()
-        fds = [spec_fd, context_fd, stdout_fd, stderr_fd, channel_fd]
+        fds = [spec_fd, context_fd, stdout_fd, stderr_fd, python_fd, channel_fd]
         fds += [] if command_fd is None else [command_fd]
         try:
             self._template, self._pid, self.sentinel, self._worker = _fork_from_template(

@@ -178,7 +178,7 @@ class _Server:
         deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
-        expected = 6 if message["command"] else 5
+        expected = 7 if message["command"] else 6
         if self.stopped is not None or len(fds) != expected:
             for fd in fds:
                 os.close(fd)
@@ -206,7 +206,7 @@ class _Server:
 
     def _child(self, local_rank: int, fds: list[int]) -> NoReturn:
         """The forked worker: take the kernel's context, then run as a fresh worker does."""
-        spec_fd, context_fd, stdout_fd, stderr_fd, channel_fd, *rest = fds
+        spec_fd, context_fd, stdout_fd, stderr_fd, python_fd, channel_fd, *rest = fds
         try:
             os.setpgid(0, 0)  # a group of its own at once, as a FreshProcess
             # Errors before the worker's own redirection reach the cell too.
@@ -217,7 +217,16 @@ class _Server:
                 os.close(pidfd)
             _take_kernel_context(context_fd)
             command_fd = rest[0] if rest else None
-            run_shipped(spec_fd, local_rank, stdout_fd, stderr_fd, channel_fd, self.pid, command_fd)
+            run_shipped(
+                spec_fd,
+                local_rank,
+                stdout_fd,
+                stderr_fd,
+                python_fd,
+                channel_fd,
+                self.pid,
+                command_fd,
+            )
         except BaseException:  # noqa: BLE001 - to the worker's stderr, which the cell shows
             traceback.print_exc()
         finally:

@@ -13,7 +13,6 @@ import dataclasses
 import faulthandler
 import functools
 import inspect
-import io
 import logging
 import os
 import resource
@@ -30,6 +29,7 @@ from typing import Any, NoReturn
 from notebook_accel.config.settings import ENV_BACKEND
 from notebook_accel.launch import debugging
 from notebook_accel.launch.channel import ChannelWriter
+from notebook_accel.launch.output_pipes import python_streams
 from notebook_accel.launch.stacks import StackRequests
 from notebook_accel.launch.warm import imported_since
 from notebook_accel.platforms.registry import PLATFORMS
@@ -117,6 +117,7 @@ def worker_main(
     local_rank: int,
     stdout_fd: int,
     stderr_fd: int,
+    python_fd: int,
     channel_fd: int,
     inherited_fds: list[int],
     parent_pid: int,
@@ -140,7 +141,7 @@ def worker_main(
     _die_with_parent(parent_pid)
     for fd in inherited_fds:
         os.close(fd)
-    _redirect_output(stdout_fd, stderr_fd)
+    _redirect_output(stdout_fd, stderr_fd, python_fd)
     # On the launcher's request (a run that makes no progress), every thread's stack to
     # stderr: written from C, so it comes even from inside a collective that waits; and
     # a note down the channel once there is one (launch/stacks.py).
@@ -437,8 +438,9 @@ def _load_libc() -> ctypes.CDLL | None:
 _LIBC = _load_libc()
 
 
-def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
-    """Point fd 1 and 2 at the launcher's pipes and rebuild sys.stdout/stderr.
+def _redirect_output(stdout_fd: int, stderr_fd: int, python_fd: int) -> None:
+    """Point fd 1 and 2 at the launcher's pipes and sys.stdout/stderr at the pipe
+    they share (launch/output_pipes.py).
 
     In a notebook, sys.stdout is the kernel's own stream object, which a forked
     child must not use; logging handlers made earlier may still point at it.
@@ -448,8 +450,7 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
     os.dup2(stderr_fd, 2)
     os.close(stdout_fd)
     os.close(stderr_fd)
-    sys.stdout = _text_stream(1)
-    sys.stderr = _text_stream(2)
+    sys.stdout, sys.stderr = python_streams(python_fd)
     # Installed afresh: in a process where faulthandler was already on (pytest, a
     # kernel), enable() only changes its file, and a crash handler a library installed
     # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.
@@ -460,13 +461,6 @@ def _redirect_output(stdout_fd: int, stderr_fd: int) -> None:
         if which is not None:
             # Assign rather than setStream(): that would flush the kernel's stream.
             handler.stream = getattr(sys, which)
-
-
-def _text_stream(fd: int) -> io.TextIOWrapper:
-    raw = io.FileIO(fd, "w", closefd=False)
-    return io.TextIOWrapper(
-        raw, encoding="utf-8", errors="backslashreplace", line_buffering=True, write_through=True
-    )
 
 
 def _all_stream_handlers() -> list[logging.StreamHandler]:

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch.distributed as dist
 
-from notebook_accel import notebook_launcher
+from notebook_accel import last_run, notebook_launcher
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
 pytestmark = pytest.mark.usefixtures("each_start_method")
@@ -64,3 +64,51 @@ def test_large_output_arrives_complete_and_in_order(capsys):
     notebook_launcher(many_lines, args=(3000,), num_processes=2, backend="cpu")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("line")]
     assert lines == [f"line {index:05d} " + "x" * 100 for index in range(3000)]
+
+
+def warns_between_lines(count):
+    rank = int(os.environ["RANK"])
+    for index in range(count):
+        if index % 10 == 9:
+            print(f"{rank} warning {index}", file=sys.stderr)
+        else:
+            print(f"{rank} line {index}")
+    return sys.stdout.fileno(), sys.stderr.fileno()
+
+
+def test_stdout_and_stderr_lines_keep_the_order_they_were_written_in():
+    # A worker writes all of this before the launcher reads any of it: with a pipe per
+    # stream, the launcher's reads had put every warning after every line.
+    run = notebook_launcher(
+        warns_between_lines, args=(300,), num_processes=2, backend="cpu", return_all=True
+    )
+    assert run == [(1, 2), (1, 2)]  # what writes to the descriptors still finds them
+    for rank in (0, 1):
+        lines = [(line.text, line.stderr) for line in last_run().output(rank=rank)]
+        assert lines == [
+            (f"{rank} warning {i}", True) if i % 10 == 9 else (f"{rank} line {i}", False)
+            for i in range(300)
+        ]
+
+
+def writes_with_a_forked_child(count):
+    # A process the worker forks (a DataLoader's worker) shares its Python streams.
+    child = os.fork()
+    who = "child" if child == 0 else "parent"
+    for index in range(count):
+        sys.stdout.write(f"{who} {index:04d} " + who[0] * 1000 + "\n")
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+
+
+def test_a_process_the_worker_forks_writes_whole_lines_beside_it():
+    notebook_launcher(
+        writes_with_a_forked_child, args=(300,), num_processes=2, backend="cpu", output="main"
+    )
+    for rank in (0, 1):
+        lines = [line.text for line in last_run().output(rank=rank)]
+        for who in ("parent", "child"):
+            mine = [line for line in lines if line.startswith(who)]
+            assert mine == [f"{who} {i:04d} " + who[0] * 1000 for i in range(300)]
+        assert len(lines) == 600

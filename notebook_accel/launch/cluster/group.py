@@ -48,6 +48,7 @@ from notebook_accel.launch.cluster.pool import (
 )
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
+from notebook_accel.launch.output_pipes import PYTHON_PIPE
 from notebook_accel.launch.preflight import LaunchPlan
 from notebook_accel.launch.supervisor import (
     ANSWER_WRITE_SECONDS,
@@ -70,7 +71,8 @@ POLL_SLICE_SECONDS = 0.1
 STOP_SECONDS = TERMINATE_GRACE_SECONDS + KILL_REAP_SECONDS + 2.0
 # How long a live call's other orders (close, connections) get.
 ORDER_SECONDS = 10.0
-STREAMS = ("stdout", "stderr", "channel")
+STREAMS = ("stdout", "stderr", PYTHON_PIPE, "channel")
+OUTPUT_STREAMS = ("stdout", "stderr", PYTHON_PIPE)
 
 
 class RayWorkerGroup(WorkerGroupBase):
@@ -238,9 +240,8 @@ class RayWorkerGroup(WorkerGroupBase):
                 agent.warm.remote(new)
 
     def _flush(self, worker: _Worker) -> None:
-        for stream in ("stdout", "stderr"):
-            pipe = self._pipes[(worker.rank, stream)]
-            self._emit_lines(pipe, pipe.lines.flush())
+        for stream in OUTPUT_STREAMS:
+            self._emit_lines(worker, self._pipes[(worker.rank, stream)].lines.flush())
 
     def _lose(self, worker: _Worker, error: BaseException | None, because: str = "") -> None:
         """`worker` ended without a word from it: `because` says why, followed by Ray's
@@ -263,7 +264,10 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def _take_prompt(self, worker: _Worker) -> str:
         # The agent relays a worker's output before what its channel sent after it.
-        return self._pipes[(worker.rank, "stdout")].lines.take_partial()
+        return "".join(
+            self._pipes[(worker.rank, stream)].lines.take_partial("stdout")
+            for stream in OUTPUT_STREAMS
+        )
 
     def _send_answer(self, worker: _Worker, frame: bytes) -> None:
         ray = self._ray

@@ -1,0 +1,150 @@
+"""A worker's output, from its pipes to whole lines in the order it was written.
+
+A worker has three output pipes. File descriptors 1 and 2 are two of them: what
+C code, faulthandler and child processes write there arrives as it is, one pipe
+per stream. Python's `sys.stdout` and `sys.stderr` (print, logging, warnings)
+share the third: each write goes down it as frames of at most PIPE_BUF bytes,
+each naming its stream. Two pipes cannot keep the order of writes across them
+(the launcher reads whichever it gets to first, and may find a whole run's
+output in both), so a warning printed after a line would be shown before it;
+one pipe keeps it. A frame is written with one `write` call, which POSIX makes
+atomic on a pipe at that size, so the threads of a worker and the processes it
+forks (a DataLoader's workers) can share the pipe without mixing frames.
+`sys.stdout.fileno()` stays 1 (and stderr's 2): what writes to the descriptor
+itself (faulthandler, a subprocess given `sys.stdout`) writes unframed bytes
+to its own pipe.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import select
+import struct
+
+STDOUT, STDERR = "stdout", "stderr"
+# The shared pipe's name among a worker's pipes (the others: "stdout", "stderr", "channel").
+PYTHON_PIPE = "python"
+
+# A frame: its stream (the descriptor's number, 1 or 2) and the payload's length.
+_FRAME_HEADER = struct.Struct("<BH")
+MAX_FRAME_PAYLOAD = select.PIPE_BUF - _FRAME_HEADER.size
+_STREAM_IDS = {STDOUT: 1, STDERR: 2}
+_STREAM_NAMES = {number: name for name, number in _STREAM_IDS.items()}
+
+
+# -- the worker's side -------------------------------------------------------------------
+
+
+class _FramedStream(io.RawIOBase):
+    """The bytes of one Python stream, written down the shared pipe in frames."""
+
+    def __init__(self, pipe_fd: int, stream: str) -> None:
+        super().__init__()
+        self._pipe_fd = pipe_fd
+        self._stream_id = _STREAM_IDS[stream]
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._stream_id  # fd 1 or 2: where writes below Python go
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:  # type: ignore[override]
+        view = memoryview(data).cast("B")
+        for start in range(0, len(view), MAX_FRAME_PAYLOAD):
+            payload = view[start : start + MAX_FRAME_PAYLOAD]
+            os.write(self._pipe_fd, _FRAME_HEADER.pack(self._stream_id, len(payload)) + payload)
+        return len(view)
+
+
+def python_streams(pipe_fd: int) -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
+    """New `sys.stdout` and `sys.stderr` for a worker, writing to the shared pipe."""
+    return tuple(  # type: ignore[return-value]
+        io.TextIOWrapper(
+            _FramedStream(pipe_fd, stream),
+            encoding="utf-8",
+            errors="backslashreplace",
+            line_buffering=True,
+            write_through=True,
+        )
+        for stream in (STDOUT, STDERR)
+    )
+
+
+# -- the launching process's side --------------------------------------------------------
+
+
+class LineBuffer:
+    """Joins chunks of a stream into whole lines."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        """Take the next bytes; return the lines they complete (newline included)."""
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return [line.decode(errors="replace") + "\n" for line in lines]
+
+    def take_partial(self) -> str:
+        """The partial last line (a prompt), taken out of the buffer."""
+        rest, self._pending = self._pending, b""
+        return rest.decode(errors="replace")
+
+    def flush(self) -> list[str]:
+        """The partial last line, if any, with a newline added."""
+        rest = self.take_partial()
+        return [rest + "\n"] if rest else []
+
+
+class StreamLines:
+    """The lines of one of a worker's descriptors (1 or 2), as (stream, line) pairs."""
+
+    def __init__(self, stream: str) -> None:
+        self.stream = stream
+        self._lines = LineBuffer()
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        """Take the next bytes; return the lines they complete."""
+        return [(self.stream, line) for line in self._lines.feed(data)]
+
+    def take_partial(self, stream: str) -> str:
+        """The partial last line of `stream` (a prompt is stdout's), taken out."""
+        return self._lines.take_partial() if stream == self.stream else ""
+
+    def flush(self) -> list[tuple[str, str]]:
+        """The partial last line, if any, with a newline added."""
+        return [(self.stream, line) for line in self._lines.flush()]
+
+
+class FramedLines:
+    """The lines of a worker's shared pipe, both streams in the order they were written."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray()
+        self._lines = {STDOUT: LineBuffer(), STDERR: LineBuffer()}
+
+    def feed(self, data: bytes) -> list[tuple[str, str]]:
+        """Take the next bytes; return the lines the whole frames among them complete."""
+        self._buffer += data
+        lines: list[tuple[str, str]] = []
+        start = 0
+        while len(self._buffer) - start >= _FRAME_HEADER.size:
+            stream_id, length = _FRAME_HEADER.unpack_from(self._buffer, start)
+            end = start + _FRAME_HEADER.size + length
+            if len(self._buffer) < end:
+                break
+            stream = _STREAM_NAMES[stream_id]
+            payload = bytes(self._buffer[start + _FRAME_HEADER.size : end])
+            lines += [(stream, line) for line in self._lines[stream].feed(payload)]
+            start = end
+        del self._buffer[:start]
+        return lines
+
+    def take_partial(self, stream: str) -> str:
+        """The partial last line of `stream` (a prompt is stdout's), taken out."""
+        return self._lines[stream].take_partial()
+
+    def flush(self) -> list[tuple[str, str]]:
+        """Each stream's partial last line, if any, with a newline added."""
+        return [(stream, line) for stream, lines in self._lines.items() for line in lines.flush()]
