@@ -13,43 +13,16 @@ from tests_support import free_port, run_together
 # value (tests/conftest.py says why not a third time under "spawn").
 pytestmark = pytest.mark.usefixtures("each_way_to_ship")
 
-NODE_SCRIPT = textwrap.dedent("""
-    import sys, torch, torch.distributed as dist
-    from notebook_accel import notebook_launcher
-
-    def train():
-        dist.init_process_group("gloo")
-        value = torch.tensor([float(dist.get_rank())])
-        dist.all_reduce(value)
-        return dist.get_rank(), dist.get_world_size(), value.item()
-
-    node_rank, port = int(sys.argv[1]), int(sys.argv[2])
-    results = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
-                                master_addr="127.0.0.1", use_port=port, return_all=True,
-                                timeout=60, backend="cpu")
-    print("RESULTS", results)
-""")
-
-
-def test_two_nodes_of_two_workers_form_one_group_of_four(tmp_path):
-    script = tmp_path / "node.py"
-    script.write_text(NODE_SCRIPT)
-    port = free_port()
-    finished = run_together(
-        [[sys.executable, str(script), str(rank), str(port)] for rank in (0, 1)], timeout=90
-    )
-    for code, _, err in finished:
-        assert code == 0, err
-    results = [eval(out.split("RESULTS", 1)[1]) for _, out, _ in finished]
-    assert results[0] == [(0, 4, 6.0), (1, 4, 6.0)]
-    assert results[1] == [(2, 4, 6.0), (3, 4, 6.0)]
-
-
 TRAIN_MODULE = textwrap.dedent("""
-    import sys, warnings, torch
+    import sys, warnings, torch, torch.distributed as dist
     from notebook_accel import Accelerator, notebook_launcher, set_seed
 
     def train():
+        # The group the launcher's variables describe, made as plain torch code makes it;
+        # the Accelerator then trains in it.
+        dist.init_process_group("gloo")
+        rank_sum = torch.tensor([float(dist.get_rank())])
+        dist.all_reduce(rank_sum)
         accelerator = Accelerator()
         set_seed(0)
         data = torch.utils.data.TensorDataset(torch.randn(64, 8), torch.randn(64, 1))
@@ -62,22 +35,42 @@ TRAIN_MODULE = textwrap.dedent("""
                 accelerator.backward(torch.nn.functional.mse_loss(model(x), y))
                 optimizer.step()
                 optimizer.zero_grad()
-        return accelerator.unwrap_model(model).state_dict()
+        weights = accelerator.unwrap_model(model).state_dict()
+        return dist.get_rank(), dist.get_world_size(), rank_sum.item(), weights
 
     if __name__ == "__main__":
         warnings.simplefilter("ignore")  # 4 workers on fewer cores
         out, node_rank, port = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
         if node_rank < 0:
-            weights = notebook_launcher(train, num_processes=4, timeout=120, live=False,
-                                        backend="cpu")
+            results = notebook_launcher(train, num_processes=4, timeout=120, live=False,
+                                        return_all=True, backend="cpu")
         else:
-            weights = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
-                                        use_port=port, timeout=120, live=False, backend="cpu")
-        torch.save(weights, out)
+            results = notebook_launcher(train, num_processes=2, num_nodes=2, node_rank=node_rank,
+                                        master_addr="127.0.0.1", use_port=port, timeout=120,
+                                        live=False, return_all=True, backend="cpu")
+        torch.save(results, out)
 """)
 
 
-def test_two_nodes_of_two_train_to_the_weights_of_one_group_of_four(tmp_path):
+@pytest.fixture(scope="module")
+def one_group_of_four(tmp_path_factory):
+    """What one launch of 4 workers on one node returns: the reference for both ways to
+    ship (how the function reaches the workers does not change what they compute)."""
+    import torch
+
+    directory = tmp_path_factory.mktemp("one_node")
+    script = directory / "train.py"
+    script.write_text(TRAIN_MODULE)
+    [(code, _, err)] = run_together(
+        [[sys.executable, str(script), str(directory / "single.pt"), "-1", "0"]], timeout=150
+    )
+    assert code == 0, err
+    return torch.load(directory / "single.pt", weights_only=False)
+
+
+def test_two_nodes_of_two_form_one_group_of_four_and_train_to_its_weights(
+    tmp_path, one_group_of_four
+):
     import torch
 
     script = tmp_path / "train.py"
@@ -91,12 +84,13 @@ def test_two_nodes_of_two_train_to_the_weights_of_one_group_of_four(tmp_path):
         timeout=150,
     )
     assert [code for code, _, _ in nodes] == [0, 0], nodes
-    [(code, _, err)] = run_together(
-        [[sys.executable, str(script), str(tmp_path / "single.pt"), "-1", "0"]], timeout=150
-    )
-    assert code == 0, err
-    four = torch.load(tmp_path / "single.pt")
-    two_by_two = torch.load(tmp_path / "node0.pt")
-    assert four.keys() == two_by_two.keys()
-    for name in four:
-        torch.testing.assert_close(two_by_two[name], four[name], rtol=0, atol=1e-6)
+    node0, node1 = (torch.load(tmp_path / f"node{rank}.pt", weights_only=False) for rank in (0, 1))
+    # Each node's launcher returns its own ranks, numbered after the nodes before it.
+    assert [result[:3] for result in node0] == [(0, 4, 6.0), (1, 4, 6.0)]
+    assert [result[:3] for result in node1] == [(2, 4, 6.0), (3, 4, 6.0)]
+    assert [result[:3] for result in one_group_of_four] == [(r, 4, 6.0) for r in range(4)]
+    four = one_group_of_four[0][3]
+    for *_, weights in node0 + node1:
+        assert weights.keys() == four.keys()
+        for name in four:
+            torch.testing.assert_close(weights[name], four[name], rtol=0, atol=1e-6)
