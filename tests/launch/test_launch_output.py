@@ -89,26 +89,3 @@ def test_stdout_and_stderr_lines_keep_the_order_they_were_written_in():
             (f"{rank} warning {i}", True) if i % 10 == 9 else (f"{rank} line {i}", False)
             for i in range(300)
         ]
-
-
-def writes_with_a_forked_child(count):
-    # A process the worker forks (a DataLoader's worker) shares its Python streams.
-    child = os.fork()
-    who = "child" if child == 0 else "parent"
-    for index in range(count):
-        sys.stdout.write(f"{who} {index:04d} " + who[0] * 1000 + "\n")
-    if child == 0:
-        os._exit(0)
-    os.waitpid(child, 0)
-
-
-def test_a_process_the_worker_forks_writes_whole_lines_beside_it():
-    notebook_launcher(
-        writes_with_a_forked_child, args=(300,), num_processes=2, backend="cpu", output="main"
-    )
-    for rank in (0, 1):
-        lines = [line.text for line in last_run().output(rank=rank)]
-        for who in ("parent", "child"):
-            mine = [line for line in lines if line.startswith(who)]
-            assert mine == [f"{who} {i:04d} " + who[0] * 1000 for i in range(300)]
-        assert len(lines) == 600

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import os
 import select
+import sys
 
 import pytest
 
+from notebook_accel import last_run, notebook_launcher
 from notebook_accel.launch.output_pipes import (
     MAX_FRAME_PAYLOAD,
     FramedLines,
@@ -109,3 +111,28 @@ def test_a_descriptor_s_lines_are_of_its_stream():
     assert lines.feed(b"one\ntw") == [("stderr", "one\n")]
     assert lines.take_partial("stdout") == ""
     assert lines.flush() == [("stderr", "tw\n")]
+
+
+# One start method: the worker's side is the same code in every one; what each passes
+# the pipe through is tested in test_launch_output.py.
+def writes_with_a_forked_child(count):
+    # A process the worker forks (a DataLoader's worker) shares its Python streams.
+    child = os.fork()
+    who = "child" if child == 0 else "parent"
+    for index in range(count):
+        sys.stdout.write(f"{who} {index:04d} " + who[0] * 1000 + "\n")
+    if child == 0:
+        os._exit(0)
+    os.waitpid(child, 0)
+
+
+def test_a_process_the_worker_forks_writes_whole_lines_beside_it():
+    notebook_launcher(
+        writes_with_a_forked_child, args=(300,), num_processes=2, backend="cpu", output="main"
+    )
+    for rank in (0, 1):
+        lines = [line.text for line in last_run().output(rank=rank)]
+        for who in ("parent", "child"):
+            mine = [line for line in lines if line.startswith(who)]
+            assert mine == [f"{who} {i:04d} " + who[0] * 1000 for i in range(300)]
+        assert len(lines) == 600
