@@ -28,6 +28,12 @@ _EXPORTS = {
     "last_run": "notebook_accel.launch.launcher",
     "WorkerError": "notebook_accel.launch.errors",
     "PlacementError": "notebook_accel.launch.errors",
+    "attach": "notebook_accel.launch.runs.handle",
+    "runs": "notebook_accel.launch.runs.handle",
+    "resume": "notebook_accel.launch.runs.handle",
+    "resume_checkpoint": "notebook_accel.launch.runs.handle",
+    "DetachedRun": "notebook_accel.launch.runs.handle",
+    "RunLostError": "notebook_accel.launch.runs.handle",
     "release_cluster": "notebook_accel.launch.cluster",
     "LaunchSettings": "notebook_accel.config.settings",
     "LaunchConfig": "notebook_accel.launch.options",
@@ -127,6 +133,14 @@ if TYPE_CHECKING:
     from notebook_accel.launch.errors import PlacementError, WorkerError
     from notebook_accel.launch.launcher import debug_launcher, last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
+    from notebook_accel.launch.runs.handle import (
+        DetachedRun,
+        RunLostError,
+        attach,
+        resume,
+        resume_checkpoint,
+        runs,
+    )
     from notebook_accel.live import LiveWorkers, start_workers
     from notebook_accel.platforms.base import DistributedType
     from notebook_accel.platforms.hardware import Hardware

@@ -17,6 +17,7 @@ import sys
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -1020,10 +1021,14 @@ class Accelerator:
         See `notebook_accel.checkpoint.training_state` for the files.
         """
         from notebook_accel.checkpoint import training_state
+        from notebook_accel.reporting.destination import checkpoint_saved
 
-        return str(
+        saved = str(
             training_state.save_state(self._checkpoint_context(), output_dir, safe_serialization)
         )
+        if self.is_main_process:  # a detached run records where it can resume from
+            checkpoint_saved(str(Path(saved).resolve()))
+        return saved
 
     def load_state(self, input_dir: str | os.PathLike | None = None) -> str:
         """Restore what `save_state` saved; returns the directory it loaded.

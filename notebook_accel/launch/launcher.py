@@ -61,6 +61,7 @@ def notebook_launcher(
     config: LaunchConfig | str | os.PathLike | None = None,
     live: bool | None = None,
     observers: list[RunObserver] | None = None,
+    detach: bool = False,
     **options: Any,
 ) -> Any:
     """Run `function(*args)` in one worker process per device and return its result.
@@ -80,13 +81,17 @@ def notebook_launcher(
         live: show progress, metrics and a loss curve while the run goes
             (default: as widgets in a notebook, as text lines in a script).
         observers: extra receivers of the run's events (output, metrics, exits).
+        detach: run under a process of its own instead of this kernel's: the run
+            goes on if the kernel restarts or dies, and any kernel can `attach()`
+            to it (docs/guides/detached-runs.md). Returns a `DetachedRun` at once.
 
     {options}
 
     Returns:
         The main worker's return value, tensors moved to the CPU; with
         `return_all`, a list of every worker's value on this node. The run's
-        metric history and resource figures are in `last_run()`.
+        metric history and resource figures are in `last_run()`. With
+        `detach`, the run's `DetachedRun` (its `result()` is that value).
 
     Raises:
         WorkerError: a worker raised, exited non-zero or was killed; it names the
@@ -97,7 +102,14 @@ def notebook_launcher(
     given = name_positionals(positional, options)
     if config is not None:
         given = merged_with_file(given, config)
+    if detach and given.get("cluster") is not None:
+        raise ValueError(
+            "detach=True runs the workers on this machine; a run on a Ray cluster cannot be "
+            "detached yet. Launch it without detach, or without cluster= to run here."
+        )
     plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
+    if detach:
+        return _start_detached(plan, live, observers)
     main_rank = plan.node_rank * plan.local_world_size
     console = ConsoleObserver(plan.output, main_rank=main_rank)
     extra = list(observers or [])
@@ -108,6 +120,24 @@ def notebook_launcher(
         if view is not None:
             extra.append(view)
     return run_plan(plan, ObserverGroup([console, *extra]))
+
+
+def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None) -> Any:
+    """Start the run under a keeper process; its view follows it under this cell."""
+    from notebook_accel.launch.runs.handle import start_detached
+
+    # A single worker too runs in a process of its own: the kernel may go away.
+    run = start_detached(dataclasses.replace(plan, single_in_process=False))
+    extra = list(observers or [])
+    if live is None or live:
+        from notebook_accel.views.live import live_view
+
+        view = live_view(plan, force=bool(live))
+        if view is not None:
+            extra.append(view)
+    if extra:
+        run.follow_in_background(ObserverGroup(extra))
+    return run
 
 
 # The options are defined once (launch/options.py); help() and a notebook's

@@ -39,6 +39,7 @@ from notebook_accel.platforms.registry import PLATFORMS
 # training function logs through metrics and draws progress through progress.
 from notebook_accel.reporting.destination import Destination, sending_to
 from notebook_accel.reporting.events import (
+    CheckpointSaved,
     ModulesImported,
     PeakResources,
     Progress,
@@ -285,6 +286,7 @@ def _channel_destination(
         metric=functools.partial(channel.send, batch=True),
         progress=send_progress,
         milestone=milestone,
+        checkpoint=lambda path: channel.send(CheckpointSaved(rank, path)),
     )
 
 

@@ -33,12 +33,13 @@ ProgressHook = Callable[[int, "int | None", float], None]
 
 @dataclasses.dataclass(frozen=True)
 class Destination:
-    """Receivers of metric records, progress updates and milestones; None: the default
-    for that kind (milestones: nothing)."""
+    """Receivers of metric records, progress updates, milestones and the paths of saved
+    checkpoints; None: the default for that kind (milestones and checkpoints: nothing)."""
 
     metric: Callable[[MetricRecord], None] | None = None
     progress: ProgressHook | None = None
     milestone: Callable[[], None] | None = None
+    checkpoint: Callable[[str], None] | None = None
 
 
 _current = Destination()
@@ -54,6 +55,13 @@ def milestone() -> None:
     hook = _current.milestone
     if hook is not None:
         hook()
+
+
+def checkpoint_saved(path: str) -> None:
+    """Tell the launcher that a complete checkpoint is at `path` (the main process's)."""
+    hook = _current.checkpoint
+    if hook is not None:
+        hook(path)
 
 
 @contextmanager

@@ -83,6 +83,16 @@ class WorkerRaised:
 
 
 @dataclass(frozen=True)
+class CheckpointSaved:
+    """The main worker's `save_state` wrote a complete checkpoint at `path`: a run that
+    is lost can go on from the newest (launch/runs)."""
+
+    rank: int
+    path: str
+    time: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True)
 class InputRequested:
     """A worker reads its stdin (`input()`, a debugger's prompt): the launching process
     asks in the cell and writes the answer back down the channel (launch/debugging.py).
@@ -173,6 +183,7 @@ ChannelEvent = (
     | WorkerRaised
     | CallFinished
     | InputRequested
+    | CheckpointSaved
 )
 RunEvent = (
     ChannelEvent

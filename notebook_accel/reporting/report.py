@@ -17,6 +17,7 @@ from typing import Any
 
 from notebook_accel.reporting.events import (
     AttemptStarted,
+    CheckpointSaved,
     MetricRecord,
     ModulesImported,
     OutputLine,
@@ -184,6 +185,8 @@ class RunReport:
         default_factory=threading.Lock, init=False, repr=False, compare=False
     )
     imported_by_workers: dict[str, str | None] = field(default_factory=dict, repr=False)
+    # The newest complete checkpoint the main worker saved (Accelerator.save_state).
+    checkpoint: str | None = None
     warming: Warming = field(default_factory=Warming)
 
     # -- the reducer -----------------------------------------------------------
@@ -258,6 +261,9 @@ class RunReport:
 
     def _result(self, event: Result) -> None:
         self.results[event.rank] = event.value
+
+    def _checkpoint_saved(self, event: CheckpointSaved) -> None:
+        self.checkpoint = event.path
 
     def _worker_exited(self, event: WorkerExited) -> None:
         self.statuses[event.rank] = "finished" if event.exitcode == 0 else "failed"
@@ -367,6 +373,7 @@ _FOLDS: dict[type, Callable[[RunReport, Any], None]] = {
     ModulesImported: RunReport._modules_imported,
     Result: RunReport._result,
     WorkerExited: RunReport._worker_exited,
+    CheckpointSaved: RunReport._checkpoint_saved,
     Restarting: RunReport._restarting,
     RunEnded: RunReport._run_ended,
 }

@@ -1,0 +1,193 @@
+"""A detached run's events, appended as they come and read back by any kernel.
+
+The keeper appends every event of the run (reporting/events.py) to a segment
+file, one record each: a 4-byte length, then the pickled (sequence number,
+event). One `write` per record, to a file opened for appending. A reader
+replays the events in order into a report of its own, then follows the file;
+a record cut short (being written, or by a keeper killed mid-write) is read
+again once it is whole, or never.
+
+Bounded: once a segment passes its size, the keeper writes the events kept so
+far to the next segment and removes the old one. What a view needs stays
+(every metric, result and exit, as a launch's report keeps them), but only
+each rank's newest output lines (as many as the report keeps) and each rank's
+newest progress and memory sample. Events keep their sequence numbers, so a
+reader in the middle of the old segment goes on in the new one without seeing
+an event twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import struct
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import cloudpickle
+
+from notebook_accel.launch.runs.directory import open_private, write_private
+from notebook_accel.reporting.events import OutputLine, Progress, ResourceSample, RunEvent
+from notebook_accel.reporting.report import MAX_RANK_LINES
+
+HEADER = struct.Struct("<I")
+SEGMENT_BYTES = 8 * 2**20
+_PREFIX, _SUFFIX = "events-", ".log"
+
+
+def segment_path(directory: Path, number: int) -> Path:
+    return directory / f"{_PREFIX}{number:06d}{_SUFFIX}"
+
+
+def segments(directory: Path) -> list[int]:
+    """The numbers of the directory's segments, in order."""
+    numbers = []
+    for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
+        with contextlib.suppress(ValueError):
+            numbers.append(int(path.name[len(_PREFIX) : -len(_SUFFIX)]))
+    return sorted(numbers)
+
+
+def encode(sequence: int, event: RunEvent) -> bytes:
+    """One record. An event whose error cannot be pickled keeps its message instead."""
+    try:
+        payload = cloudpickle.dumps((sequence, event), protocol=5)
+    except Exception:  # noqa: BLE001 - an error object of the user's that does not pickle
+        error = getattr(event, "error", None)
+        if not isinstance(error, BaseException):
+            raise
+        replaced = RuntimeError(f"{type(error).__name__}: {error}")
+        payload = cloudpickle.dumps((sequence, _with_error(event, replaced)), protocol=5)
+    return HEADER.pack(len(payload)) + payload
+
+
+def _with_error(event: Any, error: BaseException) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(event, error=error)
+
+
+def kept_after_compaction(entries: list[tuple[int, RunEvent]]) -> list[tuple[int, RunEvent]]:
+    """The entries a new segment starts with: all but each rank's older output lines,
+    progress updates and memory samples."""
+    lines_left: Counter = Counter()
+    seen_progress, seen_sample = set(), set()
+    kept = []
+    for sequence, event in reversed(entries):
+        if isinstance(event, OutputLine):
+            lines_left[event.rank] += 1
+            if lines_left[event.rank] > MAX_RANK_LINES:
+                continue
+        elif isinstance(event, Progress):
+            if event.rank in seen_progress:
+                continue
+            seen_progress.add(event.rank)
+        elif isinstance(event, ResourceSample):
+            if event.rank in seen_sample:
+                continue
+            seen_sample.add(event.rank)
+        kept.append((sequence, event))
+    kept.reverse()
+    return kept
+
+
+class EventLogWriter:
+    """Appends a run's events to its directory (in the keeper)."""
+
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+        self.directory = directory
+        self.segment_bytes = segment_bytes
+        self.limit = segment_bytes
+        self.sequence = 0
+        self.entries: list[tuple[int, RunEvent, int]] = []  # (sequence, event, record size)
+        self.number = 0
+        self.size = 0
+        self._fd = self._open(self.number)
+
+    def _open(self, number: int) -> int:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        return open_private(segment_path(self.directory, number), flags)
+
+    def append(self, event: RunEvent) -> None:
+        self.sequence += 1
+        record = encode(self.sequence, event)
+        os.write(self._fd, record)
+        self.entries.append((self.sequence, event, len(record)))
+        self.size += len(record)
+        if self.size > self.limit:
+            self._compact()
+
+    def _compact(self) -> None:
+        sizes = {sequence: size for sequence, _, size in self.entries}
+        kept = kept_after_compaction([(sequence, event) for sequence, event, _ in self.entries])
+        self.entries = [(sequence, event, sizes[sequence]) for sequence, event in kept]
+        number = self.number + 1
+        partial = self.directory / f".partial{_SUFFIX}"
+        write_private(partial, b"".join(encode(sequence, event) for sequence, event in kept))
+        os.replace(partial, segment_path(self.directory, number))
+        old, self._fd = self._fd, self._open(number)
+        os.close(old)
+        segment_path(self.directory, self.number).unlink(missing_ok=True)
+        self.number = number
+        self.size = sum(size for _, _, size in self.entries)
+        # What cannot be dropped (metrics) may fill a segment: leave room for as much again.
+        self.limit = max(self.segment_bytes, 2 * self.size)
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class EventLogReader:
+    """Reads a run's events in order, from the start, then as they are appended."""
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = directory
+        self.last_sequence = 0
+        self._file = None
+        self._number = -1
+        self._pending = b""
+
+    def read_available(self) -> list[tuple[int, RunEvent]]:
+        """Every whole event written since the last call (none: nothing new yet)."""
+        found: list[tuple[int, RunEvent]] = []
+        while True:
+            if self._file is None and not self._open_newest():
+                return found
+            found += self._read_records()
+            newer = [number for number in segments(self.directory) if number > self._number]
+            if not newer:
+                return found
+            # The keeper moved on to a compacted segment holding everything kept so far.
+            self._file.close()
+            self._file, self._pending = None, b""
+
+    def _open_newest(self) -> bool:
+        for number in reversed(segments(self.directory)):
+            with contextlib.suppress(FileNotFoundError):  # removed just now by a compaction
+                self._file = open(segment_path(self.directory, number), "rb")  # noqa: SIM115
+                self._number = number
+                return True
+        return False
+
+    def _read_records(self) -> list[tuple[int, RunEvent]]:
+        self._pending += self._file.read()
+        found = []
+        while len(self._pending) >= HEADER.size:
+            (length,) = HEADER.unpack_from(self._pending)
+            end = HEADER.size + length
+            if len(self._pending) < end:
+                break  # the rest of this record is still being written
+            sequence, event = pickle.loads(self._pending[HEADER.size : end])
+            self._pending = self._pending[end:]
+            if sequence > self.last_sequence:
+                self.last_sequence = sequence
+                found.append((sequence, event))
+        return found
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None

@@ -1,0 +1,147 @@
+"""Detached runs in real Jupyter kernels, as a notebook user meets them: the kernel that
+started the run is killed or restarted mid-run, and a new kernel attaches: it gets the
+output, the result (bit for bit that of the same run not detached) or the error with the
+cell's line, and can stop the run."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from jupyter_client.manager import start_new_kernel
+
+from notebook_accel.launch.runs.directory import find_run
+from notebook_accel.launch.runs.handle import DetachedRun
+from tests_support import PROMPTLY, run_in_kernel
+
+pytestmark = pytest.mark.usefixtures("runs_dir")
+
+TRAIN = """
+import time, torch
+from notebook_accel import Accelerator, notebook_launcher, attach, runs
+
+def train(steps, pause=0.25, fail_rank=None):
+    accelerator = Accelerator()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    for step in range(steps):
+        batch = torch.Generator().manual_seed(100 * step + accelerator.process_index)
+        loss = model(torch.randn(8, 4, generator=batch)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        accelerator.log({"loss": loss.item()}, step=step)
+        print(f"step {step}", flush=True)
+        if step == 3 and accelerator.process_index == fail_rank:
+            raise ValueError("rank 1 found a bad batch")
+        time.sleep(pause)
+    return accelerator.unwrap_model(model).weight.detach().clone()
+"""
+
+
+class Kernel:
+    """A real kernel with its client; `close()` shuts it down (a dead one too)."""
+
+    def __init__(self) -> None:
+        self.manager, self.client = start_new_kernel(kernel_name="python3")
+
+    @property
+    def pid(self) -> int:
+        return self.manager.provisioner.process.pid
+
+    def run(self, code: str, timeout: float = PROMPTLY) -> str:
+        result = run_in_kernel(self.client, code, timeout=timeout)
+        return result["text"]
+
+    def close(self) -> None:
+        self.client.stop_channels()
+        self.manager.shutdown_kernel(now=True)
+
+
+@pytest.fixture
+def kernels():
+    started: list[Kernel] = []
+
+    def start() -> Kernel:
+        started.append(Kernel())
+        return started[-1]
+
+    yield start
+    for kernel in started:
+        kernel.close()
+
+
+def run_ids(text: str) -> list[str]:
+    return [word for word in text.split() if word.count("-") == 2 and len(word) == 22]
+
+
+def wait_for_line(run_id: str, line: str) -> None:
+    run = DetachedRun(find_run(run_id))
+    deadline = time.monotonic() + PROMPTLY
+    while line not in run.output():
+        assert time.monotonic() < deadline, f"run {run_id} did not print {line!r}"
+        time.sleep(0.1)
+
+
+def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels):
+    first = kernels()
+    text = first.run(
+        TRAIN
+        + "two = dict(num_processes=2, backend='cpu', detach=True)\n"
+        + "long_run = notebook_launcher(train, (30,), **two)\n"
+        + "short_run = notebook_launcher(train, (3,), **two)\n"
+        + "print(long_run.id, short_run.id)"
+    )
+    long_id, short_id = run_ids(text) or [text, ""]
+    wait_for_line(long_id, "step 5")
+    os.kill(first.pid, signal.SIGKILL)  # as the system's OOM killer ends a kernel
+    psutil.Process(first.pid).wait(PROMPTLY)
+    assert find_run(long_id).state() == "running"
+
+    second = kernels()
+    text = second.run(TRAIN + f"print(runs())\ndetached = attach('{long_id}')")
+    assert f"{long_id}  running" in text and f"{short_id}  finished" in text
+    for rank_prefix in ("", "[rank 1] "):
+        shown = [line for line in text.splitlines() if line.startswith(f"{rank_prefix}step ")]
+        assert shown == [f"{rank_prefix}step {step}" for step in range(30)], text
+    text = second.run(
+        "reference = notebook_launcher(train, (30, 0.0), num_processes=2, backend='cpu')\n"
+        "print('bit for bit:', torch.equal(detached, reference))\n"
+        f"print('after the end:', attach('{short_id}').shape)"
+    )
+    assert "bit for bit: True" in text
+    assert "after the end: torch.Size([1, 4])" in text
+    assert "[rank 1] step 2" in text  # a finished run's output, replayed whole
+
+
+def test_after_a_restart_a_new_kernel_gets_the_error_and_stops_the_other_run(kernels):
+    first = kernels()
+    text = first.run(
+        TRAIN
+        + "two = dict(num_processes=2, backend='cpu', detach=True)\n"
+        + "failing = notebook_launcher(train, (30, 0.5), kwargs={'fail_rank': 1}, **two)\n"
+        + "endless = notebook_launcher(train, (100000,), **two)\n"
+        + "print(failing.id, endless.id)"
+    )
+    failing_id, endless_id = run_ids(text) or [text, ""]
+    wait_for_line(endless_id, "step 1")
+    endless = find_run(endless_id)
+    workers = endless.keeper().children(recursive=True)
+    first.manager.restart_kernel(now=True)  # ends the kernel's whole process group
+    first.client.wait_for_ready(timeout=PROMPTLY)
+
+    text = first.run(f"from notebook_accel import attach\nattach('{failing_id}')")
+    assert "WorkerError" in text and "worker rank 1 raised ValueError" in text
+    assert 'raise ValueError("rank 1 found a bad batch")' in text  # the cell's line
+    text = first.run(
+        f"run = attach('{endless_id}', wait=False)\nrun.stop()\nprint('now', run.state)"
+    )
+    assert "now stopped" in text
+    _, alive = psutil.wait_procs(workers, timeout=5)
+    assert alive == [], "a worker outlived the stop"
+    assert endless.keeper() is None
