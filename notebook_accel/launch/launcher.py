@@ -130,9 +130,13 @@ def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None)
     run = start_detached(dataclasses.replace(plan, single_in_process=False))
     extra = list(observers or [])
     if live is None or live:
-        from notebook_accel.views.live import live_view
+        from notebook_accel.views.live import WidgetView, live_view
 
-        view = live_view(plan, force=bool(live))
+        # The view is drawn from a thread that follows the run: it shows the output
+        # too, since this cell prints nothing once it has returned.
+        view = live_view(plan, force=True, output="open")
+        if isinstance(view, WidgetView):
+            view.show()  # under this cell, before it returns
         if view is not None:
             extra.append(view)
     if extra:

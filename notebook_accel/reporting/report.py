@@ -275,7 +275,7 @@ class RunReport:
     def _run_ended(self, event: RunEnded) -> None:
         error = event.error
         self.error = error
-        self.status = _final_status(error)
+        self.status = final_status(error)
         self.duration = max(0.0, event.time - self.started_at) if self.started_at else 0.0
         for rank, status in self.statuses.items():
             if status == "running":
@@ -353,7 +353,8 @@ class RunReport:
         return pandas.DataFrame(rows)
 
 
-def _final_status(error: BaseException | None) -> str:
+def final_status(error: BaseException | None) -> str:
+    """How a run that ended with `error` ended: one of FINAL_STATUSES."""
     if error is None:
         return "finished"
     if isinstance(error, KeyboardInterrupt):

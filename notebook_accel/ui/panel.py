@@ -201,6 +201,7 @@ class LaunchPanel:
         self._stop = None
         self._active = False
         self._attached = None  # live workers shown here (attach)
+        self._detached = None  # the detached run shown here (launched detached, or attach)
         self._lock = threading.RLock()
         # What showing the panel warmed for the first launch (launch/warm.py).
         self.warming = None
@@ -276,6 +277,13 @@ class LaunchPanel:
             tooltip=OPTIONS["fsdp"].help,
         )
         self.shard.add_class("notebook-accel-fsdp")
+        self.detach_box = w.Checkbox(
+            value=False,
+            description="Detach: the run outlives the kernel",
+            indent=False,
+            tooltip="run under a process of its own; attach() from any kernel",
+        )
+        self.detach_box.add_class("notebook-accel-detach")
         self.launch_button = w.Button(description="Launch", button_style="primary", icon="play")
         self.launch_button.add_class("notebook-accel-launch")
         self.stop_button = w.Button(
@@ -314,7 +322,7 @@ class LaunchPanel:
                 w.HBox([self.backend, *self.gpu_boxes, self.processes]),
                 w.HBox([w.Label("Precision"), *self.precision_buttons.values()]),
                 self.precision_note,
-                w.HBox([self.accumulation, self.shard]),
+                w.HBox([self.accumulation, self.shard, self.detach_box]),
                 w.HBox([self.launch_button, self.stop_button]),
                 w.HBox([self.config_path, self.save_button, self.load_button]),
                 self.message,
@@ -427,6 +435,9 @@ class LaunchPanel:
             self.accumulation.disabled = running
             self.shard.value = choices.fsdp is not None
             self.shard.disabled = running
+            self.detach_box.disabled = running or not here
+            if not here:
+                self.detach_box.value = False
             self.backend.disabled = running
             problem = choices.problem()
             self.launch_button.disabled = running or problem is not None
@@ -468,7 +479,9 @@ class LaunchPanel:
         return self._active or (self._attached is not None and self._attached.alive)
 
     def attach(self, workers: Any) -> None:
-        """Show a live group's progress, loss curve and logs here (notebook_accel.live).
+        """Show a live group's progress, loss curve and logs here (notebook_accel.live),
+        or a detached run's (`attach(run_id, wait=False, live=False)`): its run so far
+        and from then on, its outcome at the end, and the panel's Stop stops it.
 
         The panel's Stop then interrupts the group's running call and leaves the
         workers up, as the notebook's stop button does; a call that runs in a
@@ -476,6 +489,11 @@ class LaunchPanel:
         widget clicks only once the cell is done. Launching waits until
         `detach()` or the group ends: the workers hold the devices.
         """
+        from notebook_accel.launch.runs.handle import DetachedRun
+
+        if isinstance(workers, DetachedRun):
+            self._follow_detached(workers)
+            return
         self._attached = workers
         self.report = workers.report
         workers.add_observer(_PanelRun(self))
@@ -514,6 +532,17 @@ class LaunchPanel:
             from notebook_accel.launch.cluster.group import import_what_a_run_uses
 
             import_what_a_run_uses()
+        if self.detach_box.value:
+            from notebook_accel.launch.runs.handle import start_detached
+
+            try:
+                run = start_detached(plan)
+            except Exception as error:  # noqa: BLE001 - shown in the panel
+                self._say(str(error), error=True)
+                return
+            self._follow_detached(run)
+            return
+        self._detached = None
         self.result, self.error = None, None
         self.outcome.value = ""
         self._say("")
@@ -537,9 +566,39 @@ class LaunchPanel:
         self._thread.start()
         self._sync_widgets()
 
+    def _follow_detached(self, run: Any) -> None:
+        """Show a detached run here until it ends, in a thread (Stop stays clickable)."""
+        if self.running:
+            return
+        self.result, self.error = None, None
+        self.outcome.value = ""
+        self._say(f"detached run {run.id}: attach('{run.id}') follows it from any kernel")
+        self._detached = run
+        self.report = run.report
+        run.add_observer(_PanelRun(self))
+
+        def follow() -> None:
+            try:
+                self.result = run.result()
+            except BaseException as error:  # noqa: BLE001 - shown in the panel
+                self.error = error
+            finally:
+                self._active = False
+                self._show_outcome()
+                self._sync_widgets()
+
+        self._active = True
+        self._thread = threading.Thread(target=follow, name="notebook_accel-panel-run", daemon=True)
+        self._thread.start()
+        self._sync_widgets()
+
     def stop(self) -> None:
         """Stop the running workers, as the kernel's stop button would (for attached live
-        workers: interrupt their running call)."""
+        workers: interrupt their running call; a detached run is stopped whole)."""
+        if self._detached is not None and self.running:
+            # Waiting for the end blocks: not on the kernel's thread, which runs this click.
+            threading.Thread(target=self._detached.stop, daemon=True).start()
+            return
         if self._attached is not None:
             if self._attached.alive:
                 self._attached.interrupt()

@@ -19,12 +19,15 @@ def in_notebook() -> bool:
     return shell is not None and hasattr(shell, "kernel")
 
 
-def live_view(plan: Any = None, force: bool = False, since: int = 0) -> RunView | None:
+def live_view(
+    plan: Any = None, force: bool = False, since: int = 0, output: str = "collapsed"
+) -> RunView | None:
     """The right live display for where the launch runs.
 
     `force` shows the widgets from the start, not only once progress or a
     metric arrives. `since`: the first of the report's output lines to show (a live
-    group's call shows its own). `plan` is accepted for callers that pass it; a view
+    group's call shows its own). `output`: how the widgets show the output per rank
+    (views/widgets.py). `plan` is accepted for callers that pass it; a view
     reads everything from the run's report.
     """
     if in_notebook():
@@ -32,7 +35,7 @@ def live_view(plan: Any = None, force: bool = False, since: int = 0) -> RunView 
             import ipywidgets  # noqa: F401
         except ImportError:
             return TextView()
-        return WidgetView(show_always=force, since=since)
+        return WidgetView(show_always=force, since=since, output=output)
     return TextView()
 
 
@@ -42,26 +45,34 @@ class WidgetView(RunView):
     prints every line already; the section is there to pick one rank's).
 
     It appears with the first progress update or metric, so a launch that
-    reports neither leaves the cell as it was.
+    reports neither leaves the cell as it was. `output="open"` shows the output
+    per rank open instead (a detached run's cell prints nothing itself).
     """
 
-    def __init__(self, show_always: bool = False, since: int = 0) -> None:
+    def __init__(self, show_always: bool = False, since: int = 0, output: str = "collapsed"):
         super().__init__()
         self.show_always = show_always
         self.since = since
+        self.output = output
         self.widgets = None
+
+    def show(self) -> None:
+        """Display the widgets under the running cell now (a view that another thread
+        will draw: what it displays later would land in whichever cell runs then)."""
+        if self.widgets is None:
+            from IPython.display import display
+
+            from notebook_accel.views.widgets import RunWidgets
+
+            self.widgets = RunWidgets(output=self.output, since=self.since)
+            display(self.widgets.box)
 
     def changed(self, final: bool) -> None:
         report = self.report
         if self.widgets is None:
             if not (report.has_live_data or self.show_always):
                 return
-            from IPython.display import display
-
-            from notebook_accel.views.widgets import RunWidgets
-
-            self.widgets = RunWidgets(output="collapsed", since=self.since)
-            display(self.widgets.box)
+            self.show()
         self.widgets.refresh(report, force=final or not self.periodic)
 
 

@@ -245,3 +245,28 @@ def test_a_ray_cluster_is_a_choice_of_the_panel_and_of_its_file(tmp_path):
     again.where.value = "local"  # back to this machine: its own checks again
     assert again.choices.to_config().cluster == "local"
     assert again.choices.to_config().ray_address is None
+
+
+def test_a_detached_run_from_the_panel_shows_here_and_stops_from_the_panel(runs_dir):
+    from notebook_accel import attach
+
+    panel = LaunchPanel(precision_and_log, args=(5,), hardware=CPU_ONLY)
+    panel.detach_box.value = True
+    panel.launch()
+    assert panel.running and panel.detach_box.disabled
+    assert panel.wait(PROMPTLY)
+    assert panel.result == "no" and panel.error is None and "Result" in panel.outcome.value
+    assert "[rank 1] running in no" in panel.run_widgets.logs.value
+    assert attach(live=False) == "no"  # the run outlives the panel's kernel: any finds it
+
+    panel.function = sleeps_forever
+    panel.args = ()
+    panel.launch()
+    run = panel._detached
+    other = LaunchPanel(sleeps_forever, hardware=CPU_ONLY)  # another kernel's panel
+    other.attach(attach(run.id, wait=False, live=False))
+    assert other.running
+    other.stop()
+    assert panel.wait(PROMPTLY) and other.wait(PROMPTLY)
+    for shown in (panel, other):
+        assert shown.report.status == "stopped" and "Stopped" in shown.outcome.value

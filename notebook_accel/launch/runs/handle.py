@@ -11,6 +11,7 @@ keeper died before the end raises `RunLostError`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -18,6 +19,8 @@ import threading
 import time
 from dataclasses import dataclass
 from typing import Any
+
+import psutil
 
 from notebook_accel.launch.runs.directory import (
     RunDirectory,
@@ -167,9 +170,14 @@ class DetachedRun:
             ]
         return self.report.results.get(record.main_rank)
 
+    def add_observer(self, observer: RunObserver) -> None:
+        """Hand `observer` every event from now on, as whoever follows the run reads it
+        (the events so far, if nobody has read them yet)."""
+        self._observers.observers.append(observer)
+
     def follow_in_background(self, observer: RunObserver) -> None:
         """Hand every event, those so far first, to `observer` on a thread of its own."""
-        self._observers.observers.append(observer)
+        self.add_observer(observer)
 
         def follow() -> None:
             while not self.poll():
@@ -194,17 +202,22 @@ class DetachedRun:
 
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Stop the run from this kernel (it needs nothing else: any kernel of the user
-        can): every worker is stopped, and the run ends "stopped". Waits at most
-        `timeout` s for that; a run that has ended already is left as it is."""
+        can): every worker is stopped, the run ends "stopped" and its keeper exits.
+        Waits at most `timeout` s for that; a run that has ended already is left as it is."""
+        deadline = time.monotonic() + timeout
         keeper = self.directory.keeper()
         if keeper is None or self.poll():
             return
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             keeper.send_signal(signal.SIGINT)
-        except ProcessLookupError:
-            return
-        if not self.wait(timeout):
-            raise TimeoutError(f"run {self.id} did not stop within {timeout} s")
+        try:
+            if not self.wait(timeout):
+                raise psutil.TimeoutExpired(timeout)
+            keeper.wait(max(0.0, deadline - time.monotonic()))
+        except psutil.TimeoutExpired:
+            raise TimeoutError(f"run {self.id} did not stop within {timeout} s") from None
+        except psutil.NoSuchProcess:
+            pass
 
     # -- going on after a loss -------------------------------------------------
 
@@ -314,13 +327,15 @@ def attach(run_id: str | None = None, wait: bool = True, live: bool | None = Non
     """
     run = DetachedRun(find_run(run_id))
     record = run.directory.read()
-    view = _view(live)
+    view = _view(live, background=not wait)
     if not wait:
         if view is not None:
             run.follow_in_background(view)
         return run
     console = ConsoleObserver(record.output, main_rank=record.main_rank)
-    run._observers.observers[:] = [console, *([view] if view is not None else [])]
+    run.add_observer(console)
+    if view is not None:
+        run.add_observer(view)
     try:
         run.wait()
     except KeyboardInterrupt:
@@ -334,9 +349,14 @@ def attach(run_id: str | None = None, wait: bool = True, live: bool | None = Non
     return run.result()
 
 
-def _view(live: bool | None) -> RunObserver | None:
+def _view(live: bool | None, background: bool) -> RunObserver | None:
     if live is False:
         return None
-    from notebook_accel.views.live import live_view
+    from notebook_accel.views.live import WidgetView, live_view
 
-    return live_view(force=bool(live))
+    if not background:
+        return live_view(force=bool(live))
+    view = live_view(force=True, output="open")  # drawn from a thread: see the launcher
+    if isinstance(view, WidgetView):
+        view.show()
+    return view

@@ -25,6 +25,7 @@ from notebook_accel.launch.runs.log import EventLogWriter
 from notebook_accel.launch.runs.starting import ENV_RESUME_FROM, read_plan
 from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
 from notebook_accel.reporting.observers import RunObserver
+from notebook_accel.reporting.report import final_status
 
 
 class _LogObserver(RunObserver):
@@ -44,16 +45,23 @@ class _LogObserver(RunObserver):
             self.directory.update(state="running")
 
 
-def keeper_main(path: str) -> None:
-    """The keeper process: run the launch in the run directory `path`, then exit."""
+def keeper_main(path: str, stops: list[int] | None = None) -> None:
+    """The keeper process: run the launch in the run directory `path`, then exit.
+
+    `stops`: the stop signals that came before this could act on them (the run then
+    ends "stopped" before any worker starts)."""
     directory = RunDirectory(Path(path))
-    # `kill PID` stops the run as a stop press does; the keeper has no terminal.
-    signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-    signal.signal(signal.SIGHUP, signal.SIG_IGN)
     writer = EventLogWriter(directory.path)
-    ended: RunEnded | None = None
+    ended = RunEnded(RuntimeError("the keeper ended before the run did"))
     status = "lost"
     try:
+        # From here a stop raises KeyboardInterrupt (until run_plan turns it into a clean
+        # stop of the workers); `kill PID` stops the run as a stop press does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
+        if stops:
+            raise KeyboardInterrupt("the run was stopped before its workers started")
         plan, resume_from = read_plan(directory)
         if resume_from:
             os.environ[ENV_RESUME_FROM] = resume_from
@@ -61,23 +69,17 @@ def keeper_main(path: str) -> None:
         plan = dataclasses.replace(plan, warm=False)
         report = plan.new_report()
         report.started_at = directory.read().created
-        try:
-            run_plan(plan, _LogObserver(directory, writer), report=report)
-        except BaseException as error:  # noqa: BLE001 - the report and the log say how it ended
-            ended = RunEnded(error)
-        else:
-            ended = RunEnded(None)
-        status = report.status
-    except BaseException as error:  # noqa: BLE001 - the plan could not even be read
-        ended = RunEnded(error)
-        status = "failed"
-        print(f"the run could not start: {error!r}", file=sys.stderr)
+        run_plan(plan, _LogObserver(directory, writer), report=report)
+        ended, status = RunEnded(None), "finished"
+    except BaseException as error:  # noqa: BLE001 - the record and the log say how it ended
+        ended, status = RunEnded(error), final_status(error)
+        if status == "failed" and not hasattr(error, "failures"):  # not the workers' error
+            print(f"the run could not start: {error!r}", file=sys.stderr)
     finally:
-        final = ended or RunEnded(RuntimeError("the keeper ended before the run did"))
         directory.update(
             state=status,
-            ended=final.time,
-            error=None if final.error is None else str(final.error).splitlines()[0][:500],
+            ended=ended.time,
+            error=None if ended.error is None else str(ended.error).splitlines()[0][:500],
         )
-        writer.append(final)
+        writer.append(ended)
         writer.close()

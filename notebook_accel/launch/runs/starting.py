@@ -38,15 +38,19 @@ HANDOVER_SECONDS = 60.0
 
 # Runs in the new interpreter: fork the keeper, say its PID, and let this process end.
 _BOOTSTRAP = """\
-import json, os, sys
+import json, os, signal, sys
 sys.path[:] = json.loads(sys.argv[1])
+# A stop that comes while the keeper imports (seconds) is kept for when it can act on it.
+stops = []
+signal.signal(signal.SIGINT, lambda signum, frame: stops.append(signum))
+signal.signal(signal.SIGTERM, lambda signum, frame: stops.append(signum))
 pid = os.fork()
 if pid:
     print(pid, flush=True)
     os._exit(0)
 os.dup2(2, 1)  # the keeper's output goes to its log; the kernel's pipe closes
 from notebook_accel.launch.runs.keeper import keeper_main
-keeper_main(sys.argv[2])
+keeper_main(sys.argv[2], stops)
 """
 
 

@@ -15,7 +15,7 @@ from jupyter_client.manager import start_new_kernel
 
 from notebook_accel.launch.runs.directory import find_run
 from notebook_accel.launch.runs.handle import DetachedRun
-from tests_support import PROMPTLY, run_in_kernel
+from tests_support import PROMPTLY, reply_to
 
 pytestmark = pytest.mark.usefixtures("runs_dir")
 
@@ -55,8 +55,30 @@ class Kernel:
         return self.manager.provisioner.process.pid
 
     def run(self, code: str, timeout: float = PROMPTLY) -> str:
-        result = run_in_kernel(self.client, code, timeout=timeout)
-        return result["text"]
+        """What the cell printed (its streams, its error's traceback)."""
+        return self.run_showing(code, timeout)[0]
+
+    def run_showing(self, code: str, timeout: float = PROMPTLY) -> tuple[str, list[dict]]:
+        """What the cell printed, and what it displayed (each display's data)."""
+        text, displays = [], []
+        msg_id = self.client.execute(code)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            assert left > 0, f"the cell did not finish: {''.join(text)}"
+            message = self.client.get_iopub_msg(timeout=left)
+            if message["parent_header"].get("msg_id") != msg_id:
+                continue
+            kind, content = message["msg_type"], message["content"]
+            if kind == "stream":
+                text.append(content["text"])
+            elif kind == "error":
+                text.append("\n".join(content["traceback"]))
+            elif kind == "display_data":
+                displays.append(content["data"])
+            elif kind == "status" and content["execution_state"] == "idle":
+                reply_to(self.client, msg_id, timeout)
+                return "".join(text), displays
 
     def close(self) -> None:
         self.client.stop_channels()
@@ -90,7 +112,7 @@ def wait_for_line(run_id: str, line: str) -> None:
 
 def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels):
     first = kernels()
-    text = first.run(
+    text, displays = first.run_showing(
         TRAIN
         + "two = dict(num_processes=2, backend='cpu', detach=True)\n"
         + "long_run = notebook_launcher(train, (30,), **two)\n"
@@ -98,6 +120,11 @@ def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels):
         + "print(long_run.id, short_run.id)"
     )
     long_id, short_id = run_ids(text) or [text, ""]
+    # Each run's live view is under the cell that started it, not under a later one.
+    assert ["application/vnd.jupyter.widget-view+json" in data for data in displays] == [
+        True,
+        True,
+    ]
     wait_for_line(long_id, "step 5")
     os.kill(first.pid, signal.SIGKILL)  # as the system's OOM killer ends a kernel
     psutil.Process(first.pid).wait(PROMPTLY)
