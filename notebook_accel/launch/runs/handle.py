@@ -40,6 +40,8 @@ from notebook_accel.reporting.report import RunReport, rank_prefix
 
 # How often a follower looks for new events (the keeper appends as they come).
 POLL_SECONDS = 0.1
+# How often a follower that finds nothing new checks that the keeper still runs.
+KEEPER_CHECK_SECONDS = 1.0
 # How long stop() waits for the run to end once its keeper was told.
 STOP_SECONDS = 60.0
 
@@ -93,6 +95,7 @@ class DetachedRun:
         self._lock = threading.Lock()  # one follower reads the log at a time
         self._ended = threading.Event()
         self._thread: threading.Thread | None = None
+        self._keeper_checked = 0.0
 
     @property
     def id(self) -> str:
@@ -123,6 +126,10 @@ class DetachedRun:
                 self._take(event)
                 if isinstance(event, RunEnded):
                     return True
+            now = time.monotonic()
+            if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
+                return False
+            self._keeper_checked = now
             if self.directory.state() == "lost":
                 # The keeper is gone: read once more what it wrote before it went.
                 for _, event in self._reader.read_available():
