@@ -355,8 +355,8 @@ def self_check() -> dict[str, Any]:
 
 def run_self_check(options: argparse.Namespace) -> int:
     from notebook_accel import WorkerError
-    from notebook_accel.launch.launcher import run_plan
     from notebook_accel.launch.preflight import plan_launch
+    from notebook_accel.launch.running import run_plan
     from notebook_accel.reporting.observers import ConsoleObserver
 
     # Even one process is forked, as the panel does: forking is what is checked

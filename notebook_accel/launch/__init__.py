@@ -1,6 +1,7 @@
 """Starting, watching and stopping the workers of a launch (notebook_launcher).
 
-    launcher.py    notebook_launcher and run_plan: plan, run, return
+    launcher.py    notebook_launcher: plan, run, return; running.py: run_plan, last_run
+    runs/          runs that outlive the kernel (detach=True): keeper, log, attach
     options.py     every launch option defined once; preflight.py: checks -> LaunchPlan
     supervisor.py  the kernel's side of a group of workers; worker.py: the child's side
     fresh.py       workers in fresh interpreters; packing.py: functions and arguments by value

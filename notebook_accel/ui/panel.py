@@ -509,8 +509,8 @@ class LaunchPanel:
 
     def launch(self) -> None:
         """Start a run with the current choices (in a thread, so Stop stays clickable)."""
-        from notebook_accel.launch.launcher import run_plan
         from notebook_accel.launch.preflight import plan_launch
+        from notebook_accel.launch.running import run_plan
         from notebook_accel.launch.supervisor import StopSignal
 
         if self.running:

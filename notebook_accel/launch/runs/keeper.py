@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from notebook_accel.launch.launcher import run_plan
+from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.directory import RunDirectory
 from notebook_accel.launch.runs.log import EventLogWriter
 from notebook_accel.launch.runs.starting import ENV_RESUME_FROM, read_plan
