@@ -24,6 +24,7 @@ import psutil
 
 from notebook_accel.launch.runs.directory import (
     RunDirectory,
+    RunRecord,
     find_run,
     run_directories,
 )
@@ -77,11 +78,14 @@ class DetachedRun:
     under the cell that started or attached it). `result()` waits for the end
     and returns the main worker's value (every worker's with `return_all`) or
     raises the run's error; `stop()` stops it, from any kernel.
+
+    One subclass per place a keeper runs: `LocalRun` (a process of this
+    machine, its run directory) and `ClusterRun` (a detached actor of a Ray
+    cluster, runs/on_cluster.py).
     """
 
-    def __init__(self, directory: RunDirectory) -> None:
-        self.directory = directory
-        record = directory.read()
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
         self.report = RunReport(
             world_size=record.world_size,
             backend=record.backend,
@@ -90,7 +94,7 @@ class DetachedRun:
             main_rank=record.main_rank,
             started_at=record.created,
         )
-        self._reader = EventLogReader(directory.path)
+        self.report.checkpoint = record.checkpoint
         self._observers = ObserverGroup([])
         self._lock = threading.Lock()  # one follower reads the log at a time
         self._ended = threading.Event()
@@ -100,20 +104,41 @@ class DetachedRun:
     @property
     def id(self) -> str:
         """The run's id: what `attach`, `resume` and `runs()` name it by."""
-        return self.directory.id
+        return self.record.id
 
     @property
     def state(self) -> str:
         """ "starting", "running", "finished", "failed", "stopped", "timed out" or "lost"."""
-        return "lost" if self._lost() else self.directory.state()
-
-    def _lost(self) -> bool:
-        error = self.report.error
-        return self._ended.is_set() and isinstance(error, RunLostError)
+        if self._ended.is_set():
+            return "lost" if isinstance(self.report.error, RunLostError) else self.report.status
+        return self._state_now()
 
     def __repr__(self) -> str:
-        record = self.directory.read()
-        return f"<DetachedRun {self.id}: {record.function}, {self.state}>"
+        return f"<{type(self).__name__} {self.id}: {self.record.function}, {self.state}>"
+
+    # -- what each place of keepers provides -------------------------------------
+
+    def _read_new(self) -> list[tuple[int, Any]]:
+        """The events the keeper logged since the last call."""
+        raise NotImplementedError
+
+    def _keeper_gone(self) -> bool:
+        """Whether the keeper no longer runs (it can log nothing more)."""
+        raise NotImplementedError
+
+    def _on_lost(self) -> str:
+        """Record the loss where the run is kept; return why it was lost, if known."""
+        return ""
+
+    def _state_now(self) -> str:
+        raise NotImplementedError
+
+    def _ask_to_stop(self) -> bool:
+        """Tell the keeper to stop the run; False if it is gone already."""
+        raise NotImplementedError
+
+    def _after_stop(self, seconds: float) -> None:
+        """Wait at most `seconds` for the keeper to be gone once the run ended stopped."""
 
     # -- following -----------------------------------------------------------
 
@@ -122,33 +147,32 @@ class DetachedRun:
         with self._lock:
             if self._ended.is_set():
                 return True
-            for _, event in self._reader.read_available():
-                self._take(event)
-                if isinstance(event, RunEnded):
-                    return True
+            if self._take_new():
+                return True
             now = time.monotonic()
             if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
                 return False
             self._keeper_checked = now
-            if self.directory.state() == "lost":
-                # The keeper is gone: read once more what it wrote before it went.
-                for _, event in self._reader.read_available():
-                    self._take(event)
-                    if isinstance(event, RunEnded):
-                        return True
-                # Its keeper can no longer write the record: the first to see the loss does.
-                record = self.directory.update(state="lost", ended=time.time())
-                why = self.directory.keeper_log_tail(1)
-                self._take(RunEnded(RunLostError(self.id, record.checkpoint, why)))
+            if not self._keeper_gone():
+                return False
+            if self._take_new():  # what the keeper logged before it went
                 return True
-            return False
+            why = self._on_lost()
+            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, why)))
+            return True
+
+    def _take_new(self) -> bool:
+        for _, event in self._read_new():
+            self._take(event)
+            if isinstance(event, RunEnded):
+                return True
+        return False
 
     def _take(self, event: Any) -> None:
         self.report.apply(event)
         self._observers.on_event(event, self.report)
         if isinstance(event, RunEnded):
             self._ended.set()
-            self._reader.close()
 
     def wait(self, timeout: float | None = None) -> bool:
         """Follow the run until it ends (at most `timeout` seconds); True if it ended."""
@@ -169,7 +193,7 @@ class DetachedRun:
             raise TimeoutError(f"run {self.id} is still {self.state} after {timeout} s")
         if self.report.error is not None:
             raise self.report.error
-        record = self.directory.read()
+        record = self.record
         if record.return_all:
             first = record.main_rank
             return [
@@ -212,21 +236,11 @@ class DetachedRun:
         can): every worker is stopped, the run ends "stopped" and its keeper exits.
         Waits at most `timeout` s for that; a run that has ended already is left as it is."""
         deadline = time.monotonic() + timeout
-        keeper = self.directory.keeper()
-        if keeper is None or self.poll():
+        if self.poll() or not self._ask_to_stop():
             return
-        with contextlib.suppress(psutil.NoSuchProcess):
-            keeper.send_signal(signal.SIGINT)
-        try:
-            if not self.wait(timeout):
-                raise psutil.TimeoutExpired(timeout)
-            keeper.wait(max(0.0, deadline - time.monotonic()))
-        except psutil.TimeoutExpired:
-            raise TimeoutError(f"run {self.id} did not stop within {timeout} s") from None
-        except psutil.NoSuchProcess:
-            pass
-
-    # -- going on after a loss -------------------------------------------------
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.id} did not stop within {timeout} s")
+        self._after_stop(max(0.0, deadline - time.monotonic()))
 
     def resume(self) -> DetachedRun:
         """Start this run's function again, detached, from the newest checkpoint it saved:
@@ -239,8 +253,55 @@ class DetachedRun:
                 f"run {self.id} is {state}: only a run that was lost, failed or stopped is "
                 "resumed (stop() it first to start over from its checkpoint)"
             )
-        record = self.directory.read()
-        checkpoint = record.checkpoint
+        return self._relaunch(self.report.checkpoint)
+
+    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
+        raise NotImplementedError
+
+
+class LocalRun(DetachedRun):
+    """A detached run whose keeper is a process of this machine (runs/keeper.py); its
+    events, record and shipped launch are in its run directory (`directory`)."""
+
+    def __init__(self, directory: RunDirectory) -> None:
+        self.directory = directory
+        super().__init__(directory.read())
+        self._reader = EventLogReader(directory.path)
+
+    def _read_new(self) -> list[tuple[int, Any]]:
+        found = self._reader.read_available()
+        if any(isinstance(event, RunEnded) for _, event in found):
+            self._reader.close()
+        return found
+
+    def _keeper_gone(self) -> bool:
+        return self.directory.state() == "lost"
+
+    def _on_lost(self) -> str:
+        # The keeper can no longer write the record: the first to see the loss does.
+        self.record = self.directory.update(state="lost", ended=time.time())
+        return self.directory.keeper_log_tail(1)
+
+    def _state_now(self) -> str:
+        return self.directory.state()
+
+    def _ask_to_stop(self) -> bool:
+        self._keeper = self.directory.keeper()
+        if self._keeper is None:
+            return False
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._keeper.send_signal(signal.SIGINT)
+        return True
+
+    def _after_stop(self, seconds: float) -> None:
+        try:
+            self._keeper.wait(seconds)
+        except psutil.TimeoutExpired:
+            raise TimeoutError(f"run {self.id}'s keeper did not exit within its stop") from None
+        except psutil.NoSuchProcess:
+            pass
+
+    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
         plan, earlier_resume = read_plan(self.directory)
         return start_detached(plan, resume_from=checkpoint or earlier_resume, resumed_from=self.id)
 
@@ -264,13 +325,13 @@ def start_detached(
     )
     write_plan(directory, plan, resume_from)
     start_keeper(directory)
-    return DetachedRun(directory)
+    return LocalRun(directory)
 
 
 def resume(run_id: str | None = None) -> DetachedRun:
     """Start a lost, failed or stopped run (the newest, or `run_id`) again, detached, from
     the newest checkpoint it saved (`DetachedRun.resume`)."""
-    return DetachedRun(find_run(run_id)).resume()
+    return LocalRun(find_run(run_id)).resume()
 
 
 def resume_checkpoint() -> str | None:
@@ -332,8 +393,8 @@ def attach(run_id: str | None = None, wait: bool = True, live: bool | None = Non
     says how to stop it). With `wait=False` it returns the `DetachedRun` at once,
     the view following the run in the background.
     """
-    run = DetachedRun(find_run(run_id))
-    record = run.directory.read()
+    run = LocalRun(find_run(run_id))
+    record = run.record
     view = _view(live, background=not wait)
     if not wait:
         if view is not None:

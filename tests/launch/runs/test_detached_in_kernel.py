@@ -14,7 +14,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from notebook_accel.launch.runs.directory import find_run
-from notebook_accel.launch.runs.handle import DetachedRun
+from notebook_accel.launch.runs.handle import LocalRun
 from tests_support import PROMPTLY, reply_to
 
 pytestmark = pytest.mark.usefixtures("runs_dir")
@@ -103,7 +103,7 @@ def run_ids(text: str) -> list[str]:
 
 
 def wait_for_line(run_id: str, line: str) -> None:
-    run = DetachedRun(find_run(run_id))
+    run = LocalRun(find_run(run_id))
     deadline = time.monotonic() + PROMPTLY
     while line not in run.output():
         assert time.monotonic() < deadline, f"run {run_id} did not print {line!r}"
