@@ -32,8 +32,8 @@ _EXPORTS = {
     "runs": "notebook_accel.launch.runs.handle",
     "resume": "notebook_accel.launch.runs.handle",
     "resume_checkpoint": "notebook_accel.launch.runs.handle",
-    "DetachedRun": "notebook_accel.launch.runs.handle",
-    "RunLostError": "notebook_accel.launch.runs.handle",
+    "DetachedRun": "notebook_accel.launch.runs.detached",
+    "RunLostError": "notebook_accel.launch.runs.detached",
     "release_cluster": "notebook_accel.launch.cluster",
     "LaunchSettings": "notebook_accel.config.settings",
     "LaunchConfig": "notebook_accel.launch.options",
@@ -133,9 +133,8 @@ if TYPE_CHECKING:
     from notebook_accel.launch.errors import PlacementError, WorkerError
     from notebook_accel.launch.launcher import debug_launcher, last_run, notebook_launcher
     from notebook_accel.launch.options import LaunchConfig
+    from notebook_accel.launch.runs.detached import DetachedRun, RunLostError
     from notebook_accel.launch.runs.handle import (
-        DetachedRun,
-        RunLostError,
         attach,
         resume,
         resume_checkpoint,

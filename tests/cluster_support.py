@@ -164,12 +164,15 @@ def stop_cluster(local: LocalCluster) -> None:
 
 
 def ours_still_running(local: LocalCluster) -> list[str]:
-    """What a test left on the cluster: live agents, placement groups, worker processes."""
+    """What a test left on the cluster: live agents and detached runs' keepers, placement
+    groups, worker processes."""
     from ray.util.state import list_actors, list_placement_groups
 
-    # The address, not Ray's guess: with two clusters on the machine it refuses to guess.
-    agents = list_actors(address=local.address, filters=[("class_name", "=", "NodeAgent")])
-    left = [f"agent {a.actor_id[:8]} ({a.state})" for a in agents if a.state != "DEAD"]
+    left = []
+    for kind, name in (("agent", "NodeAgent"), ("run keeper", "ClusterKeeper")):
+        # The address, not Ray's guess: with two clusters on the machine it refuses to guess.
+        actors = list_actors(address=local.address, filters=[("class_name", "=", name)])
+        left += [f"{kind} {a.actor_id[:8]} ({a.state})" for a in actors if a.state != "DEAD"]
     left += [
         f"placement group {group.placement_group_id[:8]} ({group.state})"
         for group in list_placement_groups(address=local.address)
@@ -177,8 +180,9 @@ def ours_still_running(local: LocalCluster) -> list[str]:
     ]
     for pid in local.process_ids():
         try:
-            if "NodeAgent" in " ".join(psutil.Process(pid).cmdline()):
-                left.append(f"process {pid} of an agent")
+            command = " ".join(psutil.Process(pid).cmdline())
+            if "NodeAgent" in command or "ClusterKeeper" in command:
+                left.append(f"process {pid} of an agent or a run keeper")
         except psutil.Error:
             continue
     free, total = ray.available_resources(), ray.cluster_resources()

@@ -76,11 +76,6 @@ def notebook_launcher(
     given = name_positionals(positional, options)
     if config is not None:
         given = merged_with_file(given, config)
-    if detach and given.get("cluster") is not None:
-        raise ValueError(
-            "detach=True runs the workers on this machine; a run on a Ray cluster cannot be "
-            "detached yet. Launch it without detach, or without cluster= to run here."
-        )
     plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
     if detach:
         return _start_detached(plan, live, observers)
@@ -97,11 +92,17 @@ def notebook_launcher(
 
 
 def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None) -> Any:
-    """Start the run under a keeper process; its view follows it under this cell."""
-    from notebook_accel.launch.runs.handle import start_detached
+    """Start the run under a keeper (a process here, or a detached actor of the Ray
+    cluster); its view follows it under this cell."""
+    if plan.cluster is not None:
+        from notebook_accel.launch.runs.on_cluster import start_on_cluster
 
-    # A single worker too runs in a process of its own: the kernel may go away.
-    run = start_detached(dataclasses.replace(plan, single_in_process=False))
+        run = start_on_cluster(plan)
+    else:
+        from notebook_accel.launch.runs.local import start_detached
+
+        # A single worker too runs in a process of its own: the kernel may go away.
+        run = start_detached(dataclasses.replace(plan, single_in_process=False))
     extra = list(observers or [])
     if live is None or live:
         from notebook_accel.views.live import WidgetView, live_view

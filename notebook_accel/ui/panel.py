@@ -489,7 +489,7 @@ class LaunchPanel:
         widget clicks only once the cell is done. Launching waits until
         `detach()` or the group ends: the workers hold the devices.
         """
-        from notebook_accel.launch.runs.handle import DetachedRun
+        from notebook_accel.launch.runs.detached import DetachedRun
 
         if isinstance(workers, DetachedRun):
             self._follow_detached(workers)
@@ -533,7 +533,7 @@ class LaunchPanel:
 
             import_what_a_run_uses()
         if self.detach_box.value:
-            from notebook_accel.launch.runs.handle import start_detached
+            from notebook_accel.launch.runs.local import start_detached
 
             try:
                 run = start_detached(plan)

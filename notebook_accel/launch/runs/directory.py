@@ -23,6 +23,8 @@ from typing import Any
 
 import psutil
 
+# The prefix of a run on a Ray cluster's id (runs/on_cluster.py), whose keeper is not here.
+CLUSTER_ID_PREFIX = "ray-"
 # Where runs live; unset: $XDG_STATE_HOME/notebook_accel/runs (~/.local/state/...).
 ENV_RUNS_DIR = "NOTEBOOK_ACCEL_RUNS_DIR"
 RECORD_FILE = "run.json"
@@ -74,6 +76,11 @@ def write_private(path: Path, data: bytes) -> None:
         file.write(data)
 
 
+def new_run_id() -> str:
+    """A run's id: when it started, and six hex digits that tell two of a second apart."""
+    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+
+
 @dataclasses.dataclass
 class RunRecord:
     """What `run.json` says of a run: what was launched and by which process.
@@ -117,7 +124,7 @@ class RunDirectory:
     def create(cls, function: str, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with its first record."""
         root = runs_root()
-        run_id = time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+        run_id = new_run_id()
         path = root / run_id
         path.mkdir(mode=0o700)
         directory = cls(path)

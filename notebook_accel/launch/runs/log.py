@@ -63,6 +63,27 @@ def encode(sequence: int, event: RunEvent) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
+def split_records(data: bytes) -> tuple[bytes, bytes]:
+    """`data` cut after its last whole record: (the whole records, the rest)."""
+    end = 0
+    while len(data) - end >= HEADER.size:
+        (length,) = HEADER.unpack_from(data, end)
+        if len(data) - end < HEADER.size + length:
+            break  # the rest of this record is still being written
+        end += HEADER.size + length
+    return data[:end], data[end:]
+
+
+def decode(data: bytes) -> list[tuple[int, RunEvent]]:
+    """The (sequence number, event) of each whole record in `data`, in order."""
+    found, offset = [], 0
+    while offset < len(data):
+        (length,) = HEADER.unpack_from(data, offset)
+        found.append(pickle.loads(data[offset + HEADER.size : offset + HEADER.size + length]))
+        offset += HEADER.size + length
+    return found
+
+
 def _with_error(event: Any, error: BaseException) -> Any:
     import dataclasses
 
@@ -174,14 +195,9 @@ class EventLogReader:
 
     def _read_records(self) -> list[tuple[int, RunEvent]]:
         self._pending += self._file.read()
+        whole, self._pending = split_records(self._pending)
         found = []
-        while len(self._pending) >= HEADER.size:
-            (length,) = HEADER.unpack_from(self._pending)
-            end = HEADER.size + length
-            if len(self._pending) < end:
-                break  # the rest of this record is still being written
-            sequence, event = pickle.loads(self._pending[HEADER.size : end])
-            self._pending = self._pending[end:]
+        for sequence, event in decode(whole):
             if sequence > self.last_sequence:
                 self.last_sequence = sequence
                 found.append((sequence, event))

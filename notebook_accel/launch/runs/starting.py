@@ -54,21 +54,30 @@ keeper_main(sys.argv[2], stops)
 """
 
 
-def write_plan(directory: RunDirectory, plan: Any, resume_from: str | None = None) -> None:
-    """The launch, as the keeper will run it: the function and its arguments by value
-    (a notebook cell's function works, as in fresh workers), the options as checked."""
+def plan_bytes(plan: Any, resume_from: str | None = None) -> bytes:
+    """The launch, as a keeper will run it: the function and its arguments by value (a
+    notebook cell's function works, as in fresh workers), the options as checked."""
     shipped = pack(plan.function, plan.args, plan.kwargs)
     options = dataclasses.replace(plan, function=None, args=(), kwargs={})
-    data = pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped, resume_from))
-    write_private(directory.path / PLAN_FILE, data)
+    return pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped, resume_from))
+
+
+def plan_from_bytes(data: bytes) -> tuple[Any, str | None]:
+    """The plan and checkpoint `plan_bytes` packed, the function and arguments unpacked."""
+    options, shipped, resume_from = pickle.loads(data)
+    plan = cloudpickle.loads(options)
+    function, args, kwargs = unpack(shipped)
+    return dataclasses.replace(plan, function=function, args=args, kwargs=kwargs), resume_from
+
+
+def write_plan(directory: RunDirectory, plan: Any, resume_from: str | None = None) -> None:
+    """The launch (`plan_bytes`) into the run directory, for its keeper and `resume`."""
+    write_private(directory.path / PLAN_FILE, plan_bytes(plan, resume_from))
 
 
 def read_plan(directory: RunDirectory) -> tuple[Any, str | None]:
     """The plan `write_plan` wrote, its function and arguments unpacked."""
-    options, shipped, resume_from = pickle.loads((directory.path / PLAN_FILE).read_bytes())
-    plan = cloudpickle.loads(options)
-    function, args, kwargs = unpack(shipped)
-    return dataclasses.replace(plan, function=function, args=args, kwargs=kwargs), resume_from
+    return plan_from_bytes((directory.path / PLAN_FILE).read_bytes())
 
 
 def start_keeper(directory: RunDirectory) -> None:

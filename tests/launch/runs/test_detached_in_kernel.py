@@ -14,7 +14,7 @@ import pytest
 from jupyter_client.manager import start_new_kernel
 
 from notebook_accel.launch.runs.directory import find_run
-from notebook_accel.launch.runs.handle import LocalRun
+from notebook_accel.launch.runs.local import LocalRun
 from tests_support import PROMPTLY, reply_to
 
 pytestmark = pytest.mark.usefixtures("runs_dir")

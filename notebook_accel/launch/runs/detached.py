@@ -1,0 +1,241 @@
+"""A detached run seen from a kernel: follow it, stop it, get its result.
+
+`DetachedRun` replays the events its keeper logged into a report of its own,
+the same `RunReport` a launch fills, then follows them as the keeper goes on.
+Any kernel of the user can do this, any number of times: the run does not
+know who watches. The run's outcome is the launch's: the main worker's value,
+or the `WorkerError` (with the rank's traceback), a `TimeoutError`, or
+`KeyboardInterrupt` for a run that was stopped; a run whose keeper died before
+the end raises `RunLostError`. One subclass per place a keeper runs: local.py
+(a process of this machine), on_cluster.py (a detached actor of a Ray cluster).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from notebook_accel.launch.runs.directory import RunRecord
+from notebook_accel.reporting.events import RunEnded
+from notebook_accel.reporting.observers import ObserverGroup, RunObserver
+from notebook_accel.reporting.report import RunReport, rank_prefix
+
+# How often a follower looks for new events (the keeper appends as they come).
+POLL_SECONDS = 0.1
+# How often a follower that finds nothing new checks that the keeper still runs.
+KEEPER_CHECK_SECONDS = 1.0
+# How long stop() waits for the run to end once its keeper was told.
+STOP_SECONDS = 60.0
+
+
+class RunLostError(RuntimeError):
+    """The run's keeper process ended before the run did (it was killed, or the machine
+    restarted); its workers were stopped with it. `checkpoint` is the newest checkpoint
+    the run saved, if any: `resume(run_id)` goes on from it."""
+
+    def __init__(self, run_id: str, checkpoint: str | None, why: str = "") -> None:
+        self.run_id, self.checkpoint, self.why = run_id, checkpoint, why
+        then = (
+            f'resume("{run_id}") starts it again from its newest checkpoint, {checkpoint}'
+            if checkpoint
+            else "It saved no checkpoint (Accelerator.save_state) to resume from"
+        )
+        super().__init__(
+            f"run {run_id} was lost: its keeper process ended before the run did"
+            + (f" ({why})" if why else "")
+            + f"; its workers were stopped. {then}."
+        )
+
+    def __reduce__(self):
+        return (type(self), (self.run_id, self.checkpoint, self.why))
+
+
+class DetachedRun:
+    """A run that does not end with the kernel (`notebook_launcher(..., detach=True)`,
+    `attach()`).
+
+    `report` is the run's report, as `last_run()` gives for a launch, kept up to
+    date while someone follows the run (`wait`, `result`, or the view shown
+    under the cell that started or attached it). `result()` waits for the end
+    and returns the main worker's value (every worker's with `return_all`) or
+    raises the run's error; `stop()` stops it, from any kernel.
+
+    One subclass per place a keeper runs: `LocalRun` (a process of this
+    machine, its run directory) and `ClusterRun` (a detached actor of a Ray
+    cluster, runs/on_cluster.py).
+    """
+
+    def __init__(self, record: RunRecord) -> None:
+        self.record = record
+        self.report = RunReport(
+            world_size=record.world_size,
+            backend=record.backend,
+            mixed_precision=record.mixed_precision,
+            start_method=record.start_method,
+            main_rank=record.main_rank,
+            started_at=record.created,
+        )
+        self.report.checkpoint = record.checkpoint
+        self._observers = ObserverGroup([])
+        self._lock = threading.Lock()  # one follower reads the log at a time
+        self._ended = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._keeper_checked = 0.0
+
+    @property
+    def id(self) -> str:
+        """The run's id: what `attach`, `resume` and `runs()` name it by."""
+        return self.record.id
+
+    @property
+    def state(self) -> str:
+        """ "starting", "running", "finished", "failed", "stopped", "timed out" or "lost"."""
+        if self._ended.is_set():
+            return "lost" if isinstance(self.report.error, RunLostError) else self.report.status
+        return self._state_now()
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id}: {self.record.function}, {self.state}>"
+
+    # -- what each place of keepers provides -------------------------------------
+
+    def _read_new(self) -> list[tuple[int, Any]]:
+        """The events the keeper logged since the last call."""
+        raise NotImplementedError
+
+    def _keeper_gone(self) -> bool:
+        """Whether the keeper no longer runs (it can log nothing more)."""
+        raise NotImplementedError
+
+    def _on_lost(self) -> str:
+        """Record the loss where the run is kept; return why it was lost, if known."""
+        return ""
+
+    def _state_now(self) -> str:
+        raise NotImplementedError
+
+    def _ask_to_stop(self) -> bool:
+        """Tell the keeper to stop the run; False if it is gone already."""
+        raise NotImplementedError
+
+    def _after_stop(self, seconds: float) -> None:
+        """Wait at most `seconds` for the keeper to be gone once the run ended stopped."""
+
+    # -- following -----------------------------------------------------------
+
+    def poll(self) -> bool:
+        """Take in what the run did since the last call; True once it has ended."""
+        with self._lock:
+            if self._ended.is_set():
+                return True
+            if self._take_new():
+                return True
+            now = time.monotonic()
+            if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
+                return False
+            self._keeper_checked = now
+            if not self._keeper_gone():
+                return False
+            if self._take_new():  # what the keeper logged before it went
+                return True
+            why = self._on_lost()
+            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, why)))
+            return True
+
+    def _take_new(self) -> bool:
+        for _, event in self._read_new():
+            self._take(event)
+            if isinstance(event, RunEnded):
+                return True
+        return False
+
+    def _take(self, event: Any) -> None:
+        self.report.apply(event)
+        self._observers.on_event(event, self.report)
+        if isinstance(event, RunEnded):
+            self._ended.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Follow the run until it ends (at most `timeout` seconds); True if it ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.poll():
+            if self._thread is not None:  # a view follows it already: wait for that
+                left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                return self._ended.wait(left)
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_SECONDS)
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The run's outcome, as the launch would have given it: wait for the end (at most
+        `timeout` s, else TimeoutError), then return the main worker's value or raise."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.id} is still {self.state} after {timeout} s")
+        if self.report.error is not None:
+            raise self.report.error
+        record = self.record
+        if record.return_all:
+            first = record.main_rank
+            return [
+                self.report.results.get(r) for r in range(first, first + record.local_world_size)
+            ]
+        return self.report.results.get(record.main_rank)
+
+    def add_observer(self, observer: RunObserver) -> None:
+        """Hand `observer` every event from now on, as whoever follows the run reads it
+        (the events so far, if nobody has read them yet)."""
+        self._observers.observers.append(observer)
+
+    def follow_in_background(self, observer: RunObserver) -> None:
+        """Hand every event, those so far first, to `observer` on a thread of its own."""
+        self.add_observer(observer)
+
+        def follow() -> None:
+            while not self.poll():
+                time.sleep(POLL_SECONDS)
+
+        self._thread = threading.Thread(target=follow, name=f"run {self.id}", daemon=True)
+        self._thread.start()
+
+    def output(self, rank: int | None = None) -> str:
+        """The output so far of `rank` (every rank's when None), as lines of text."""
+        self.poll()
+        main = self.report.main_rank
+
+        def shown(line: Any) -> str:
+            if rank is None and line.rank is not None:
+                return rank_prefix(line.rank, main) + line.text
+            return line.text
+
+        return "\n".join(shown(line) for line in self.report.output(rank=rank))
+
+    # -- stopping --------------------------------------------------------------
+
+    def stop(self, timeout: float = STOP_SECONDS) -> None:
+        """Stop the run from this kernel (it needs nothing else: any kernel of the user
+        can): every worker is stopped, the run ends "stopped" and its keeper exits.
+        Waits at most `timeout` s for that; a run that has ended already is left as it is."""
+        deadline = time.monotonic() + timeout
+        if self.poll() or not self._ask_to_stop():
+            return
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.id} did not stop within {timeout} s")
+        self._after_stop(max(0.0, deadline - time.monotonic()))
+
+    def resume(self) -> DetachedRun:
+        """Start this run's function again, detached, from the newest checkpoint it saved:
+        in the workers, `resume_checkpoint()` gives that directory (for
+        `accelerator.load_state`). For a run that ended without finishing."""
+        self.poll()
+        state = self.state
+        if state in ("starting", "running", "finished"):
+            raise RuntimeError(
+                f"run {self.id} is {state}: only a run that was lost, failed or stopped is "
+                "resumed (stop() it first to start over from its checkpoint)"
+            )
+        return self._relaunch(self.report.checkpoint)
+
+    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
+        raise NotImplementedError

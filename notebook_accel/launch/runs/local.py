@@ -1,0 +1,89 @@
+"""A detached run whose keeper is a process of this machine: start it, follow it.
+
+The keeper (keeper.py, started by starting.py) logs the run's events into its
+run directory (directory.py, log.py); `LocalRun` reads them from there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import time
+from typing import Any
+
+import psutil
+
+from notebook_accel.launch.runs.detached import DetachedRun
+from notebook_accel.launch.runs.directory import RunDirectory
+from notebook_accel.launch.runs.log import EventLogReader
+from notebook_accel.launch.runs.starting import read_plan, start_keeper, write_plan
+from notebook_accel.reporting.events import RunEnded
+
+
+class LocalRun(DetachedRun):
+    """A detached run whose keeper is a process of this machine (runs/keeper.py); its
+    events, record and shipped launch are in its run directory (`directory`)."""
+
+    def __init__(self, directory: RunDirectory) -> None:
+        self.directory = directory
+        super().__init__(directory.read())
+        self._reader = EventLogReader(directory.path)
+
+    def _read_new(self) -> list[tuple[int, Any]]:
+        found = self._reader.read_available()
+        if any(isinstance(event, RunEnded) for _, event in found):
+            self._reader.close()
+        return found
+
+    def _keeper_gone(self) -> bool:
+        return self.directory.state() == "lost"
+
+    def _on_lost(self) -> str:
+        # The keeper can no longer write the record: the first to see the loss does.
+        self.record = self.directory.update(state="lost", ended=time.time())
+        return self.directory.keeper_log_tail(1)
+
+    def _state_now(self) -> str:
+        return self.directory.state()
+
+    def _ask_to_stop(self) -> bool:
+        self._keeper = self.directory.keeper()
+        if self._keeper is None:
+            return False
+        with contextlib.suppress(psutil.NoSuchProcess):
+            self._keeper.send_signal(signal.SIGINT)
+        return True
+
+    def _after_stop(self, seconds: float) -> None:
+        try:
+            self._keeper.wait(seconds)
+        except psutil.TimeoutExpired:
+            raise TimeoutError(f"run {self.id}'s keeper did not exit within its stop") from None
+        except psutil.NoSuchProcess:
+            pass
+
+    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
+        plan, earlier_resume = read_plan(self.directory)
+        return start_detached(plan, resume_from=checkpoint or earlier_resume, resumed_from=self.id)
+
+
+def start_detached(
+    plan: Any, resume_from: str | None = None, resumed_from: str | None = None
+) -> DetachedRun:
+    """Start a checked launch plan under a keeper process; return its handle at once."""
+    directory = RunDirectory.create(
+        function=getattr(plan.function, "__qualname__", repr(plan.function)),
+        world_size=plan.world_size,
+        main_rank=plan.node_rank * plan.local_world_size,
+        local_world_size=plan.local_world_size,
+        return_all=plan.return_all,
+        output=plan.output,
+        backend=plan.settings.backend,
+        mixed_precision=plan.settings.mixed_precision,
+        start_method=plan.start_method,
+        checkpoint=resume_from,
+        resumed_from=resumed_from,
+    )
+    write_plan(directory, plan, resume_from)
+    start_keeper(directory)
+    return LocalRun(directory)
