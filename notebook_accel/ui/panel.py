@@ -435,9 +435,7 @@ class LaunchPanel:
             self.accumulation.disabled = running
             self.shard.value = choices.fsdp is not None
             self.shard.disabled = running
-            self.detach_box.disabled = running or not here
-            if not here:
-                self.detach_box.value = False
+            self.detach_box.disabled = running
             self.backend.disabled = running
             problem = choices.problem()
             self.launch_button.disabled = running or problem is not None
@@ -533,10 +531,8 @@ class LaunchPanel:
 
             import_what_a_run_uses()
         if self.detach_box.value:
-            from notebook_accel.launch.runs.local import start_detached
-
             try:
-                run = start_detached(plan)
+                run = _start_detached(plan)
             except Exception as error:  # noqa: BLE001 - shown in the panel
                 self._say(str(error), error=True)
                 return
@@ -626,6 +622,17 @@ class LaunchPanel:
             self.outcome.value = (
                 f"<b style='color:#d62728'>Failed</b><pre>{escape(str(self.error))}</pre>"
             )
+
+
+def _start_detached(plan: Any) -> Any:
+    """Start `plan` under a keeper: a process here, or a detached actor of the cluster."""
+    if plan.cluster is not None:
+        from notebook_accel.launch.runs.on_cluster import start_on_cluster
+
+        return start_on_cluster(plan)
+    from notebook_accel.launch.runs.local import start_detached
+
+    return start_detached(plan)
 
 
 def panel(

@@ -239,3 +239,8 @@ class DetachedRun:
 
     def _relaunch(self, checkpoint: str | None) -> DetachedRun:
         raise NotImplementedError
+
+    def forget(self) -> None:
+        """Remove what is kept of this run (its outcome, output and events): it is no
+        longer listed by `runs()` nor found by `attach()`."""
+        raise NotImplementedError

@@ -7,6 +7,7 @@ run directory (directory.py, log.py); `LocalRun` reads them from there.
 from __future__ import annotations
 
 import contextlib
+import shutil
 import signal
 import time
 from typing import Any
@@ -18,6 +19,9 @@ from notebook_accel.launch.runs.directory import RunDirectory
 from notebook_accel.launch.runs.log import EventLogReader
 from notebook_accel.launch.runs.starting import read_plan, start_keeper, write_plan
 from notebook_accel.reporting.events import RunEnded
+
+# How long forget() waits for an ended run's keeper to exit.
+EXIT_SECONDS = 30.0
 
 
 class LocalRun(DetachedRun):
@@ -61,6 +65,17 @@ class LocalRun(DetachedRun):
             raise TimeoutError(f"run {self.id}'s keeper did not exit within its stop") from None
         except psutil.NoSuchProcess:
             pass
+
+    def forget(self) -> None:
+        """Remove the run's directory; refused while the run goes (stop it first)."""
+        keeper = self.directory.keeper()
+        if keeper is not None:
+            if not self.directory.read().ended_state:
+                raise RuntimeError(f"run {self.id} is still {self.state}: stop() it first")
+            with contextlib.suppress(psutil.Error):  # an ended run's keeper is exiting
+                keeper.wait(EXIT_SECONDS)
+        self._reader.close()
+        shutil.rmtree(self.directory.path)
 
     def _relaunch(self, checkpoint: str | None) -> DetachedRun:
         plan, earlier_resume = read_plan(self.directory)

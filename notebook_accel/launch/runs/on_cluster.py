@@ -178,7 +178,7 @@ class ClusterRun(DetachedRun):
         self.forget()  # whoever stopped it has its outcome
 
     def forget(self) -> None:
-        """End the run's keeper actor now (a running run with it): its outcome is gone."""
+        """End the run's keeper actor now (a running run with it): what it kept is gone."""
         ray = require_ray()
         ray.kill(self._actor, no_restart=True)
 

@@ -119,7 +119,7 @@ def test_bad_inputs_are_refused_before_anything_starts(runs_dir):
         resume()
 
 
-def test_runs_are_private_to_their_user(runs_dir):
+def test_runs_are_private_to_their_user_and_forgotten_on_request(runs_dir):
     runs_dir.mkdir(mode=0o755)
     os.chmod(runs_dir, 0o755)
     run = notebook_launcher(sum, ([1, 2],), num_processes=2, backend="cpu", detach=True)
@@ -128,6 +128,8 @@ def test_runs_are_private_to_their_user(runs_dir):
     assert stat.S_IMODE(run.directory.path.stat().st_mode) == 0o700
     for path in run.directory.path.iterdir():
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path.name
+    run.forget()
+    assert not run.directory.path.exists() and runs() == []
     if os.getuid() == 0:  # a directory another user owns is refused, not used
         os.chown(runs_dir, 65534, 65534)
         with pytest.raises(PermissionError, match="belongs to another user"):
