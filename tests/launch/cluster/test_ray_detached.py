@@ -1,7 +1,7 @@
 """A detached run on the Ray cluster, from real Jupyter kernels: its keeper is a detached
 actor, so the kernel that launched it (the Ray driver) can die mid-run; a new kernel
 attaches and gets the output and the result, and its stop frees every actor and placement
-group."""
+group. A keeper that dies takes the run's agents and workers along."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import time
 
 import psutil
 import pytest
+import ray
 from jupyter_client.manager import start_new_kernel
 
 from cluster_support import wait_until_nothing_is_left
@@ -108,4 +109,17 @@ def test_a_killed_driver_s_run_goes_on_and_a_new_kernel_gets_it_and_stops_the_ot
         timeout=PROMPTLY,
     )
     assert "now stopped" in stopped["text"], stopped["text"]
+    assert wait_until_nothing_is_left(ray_cluster) == []
+
+    # A keeper that dies takes its agents and workers along; the run shows as lost.
+    started = run_in_kernel(
+        client,
+        "doomed = notebook_launcher(forever, **ON_CLUSTER)\nprint('ids', doomed.id)",
+        timeout=PROMPTLY,
+    )
+    (doomed_id,) = started["text"].split("ids ")[1].split()
+    wait_for_line(doomed_id, "[rank 1] step 1")
+    ray.kill(find_cluster_run(doomed_id)._actor, no_restart=True)
+    lost = run_in_kernel(client, "doomed.result()", timeout=PROMPTLY)
+    assert lost["reply"].get("ename") == "RunLostError", lost["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
