@@ -41,7 +41,7 @@ def test_every_public_name_is_in_the_api_reference(built_site):
 @pytest.mark.timeout(420)
 def test_the_teaching_notebooks_are_rendered_pages(built_site):
     notebooks = sorted((REPO_ROOT / "notebooks").glob("*.ipynb"))
-    assert len(notebooks) == 10
+    assert len(notebooks) == 11
     for notebook in notebooks:
         page = html.unescape(built_site.page(f"notebooks/{notebook.stem}"))
         # nbconvert's cells, under the notebook's own heading

@@ -13,6 +13,8 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
+from notebook_accel.launch.runs.directory import ENV_RUNS_DIR
+
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 COLAB = (
@@ -115,6 +117,17 @@ EXPECTED_WITHOUT_GPUS = {
         "the model is still there: 5 parameters",
         "released the warm workers: True",
     ],
+    "11_detached_runs.ipynb": [
+        "[rank 1] step 39: loss",
+        "the detached run's final loss: ",
+        "state: stopped",
+        "result() raised KeyboardInterrupt('the run was stopped')",
+        "was lost: its keeper process ended before the run did; its workers were stopped.",
+        "state: lost",
+        "resumed from checkpoint_",
+        "same weights as a run never interrupted: True",
+        "train_resumable x2",
+    ],
 }
 
 # Notebooks whose launch shows widgets (the live view, the panel), not only text.
@@ -154,8 +167,11 @@ def test_committed_without_outputs_and_with_a_colab_link(path):
 # cell alone took over 120 s.
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
-def test_runs_top_to_bottom(path, tmp_path):
+def test_runs_top_to_bottom(path, tmp_path, monkeypatch):
     notebook = nbformat.read(path, as_version=4)
+    # Detached runs (11_detached_runs) keep their directories in tmp too, not in the
+    # user's ~/.local/state: the kernel and the runs' keepers inherit the variable.
+    monkeypatch.setenv(ENV_RUNS_DIR, str(tmp_path / "runs"))
     started = time.monotonic()
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
     NotebookClient(

@@ -96,7 +96,7 @@ class DetachedRun:
         return self._state_now()
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.id}: {self.record.function}, {self.state}>"
+        return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
 
     # -- what each place of keepers provides -------------------------------------
 
@@ -230,7 +230,9 @@ class DetachedRun:
         `accelerator.load_state`). For a run that ended without finishing."""
         self.poll()
         state = self.state
-        if state in ("starting", "running", "finished"):
+        if state == "finished":
+            raise RuntimeError(f"run {self.id} finished: there is nothing to resume")
+        if state in ("starting", "running"):
             raise RuntimeError(
                 f"run {self.id} is {state}: only a run that was lost, failed or stopped is "
                 "resumed (stop() it first to start over from its checkpoint)"

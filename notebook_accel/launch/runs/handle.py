@@ -29,10 +29,15 @@ def find(run_id: str | None = None, ray_address: str | None = None) -> DetachedR
     return LocalRun(find_run(run_id))
 
 
-def resume(run_id: str | None = None) -> DetachedRun:
+def resume(run_id: str | None = None, live: bool | None = None) -> DetachedRun:
     """Start a lost, failed or stopped run (the newest, or `run_id`) again, detached, from
-    the newest checkpoint it saved (`DetachedRun.resume`)."""
-    return find(run_id).resume()
+    the newest checkpoint it saved (`DetachedRun.resume`); its live view follows it under
+    this cell, as a detached launch's does (`live=False`: none)."""
+    run = find(run_id).resume()
+    view = _view(live, background=True)
+    if view is not None:
+        run.follow_in_background(view)
+    return run
 
 
 def resume_checkpoint() -> str | None:
@@ -54,7 +59,8 @@ class RunSummary:
 
     def __str__(self) -> str:
         when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(self.started))
-        return f"{self.id}  {self.state:<9}  {when}  {self.function} x{self.world_size}"
+        line = f"{self.id}  {self.state:<9}  {when}  {self.function} x{self.world_size}"
+        return line + (f"  checkpoint {self.checkpoint}" if self.checkpoint else "")
 
 
 class RunList(list):
