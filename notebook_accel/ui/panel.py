@@ -539,52 +539,46 @@ class LaunchPanel:
             self._follow_detached(run)
             return
         self._detached = None
-        self.result, self.error = None, None
-        self.outcome.value = ""
         self._say("")
         stop = self._stop = StopSignal()
         report = self.report = plan.new_report()
         view = _PanelRun(self)
+        self._run_in_background(
+            lambda: run_plan(plan, view, stop=stop, report=report), finally_=stop.close
+        )
+
+    def _follow_detached(self, run: Any) -> None:
+        """Show a detached run here until it ends, in a thread (Stop stays clickable)."""
+        if self.running:
+            return
+        self._say(f"detached run {run.id}: attach('{run.id}') follows it from any kernel")
+        self._detached = run
+        self.report = run.report
+        run.add_observer(_PanelRun(self))
+        self._run_in_background(run.result)
+
+    def _run_in_background(
+        self, outcome: Callable[[], Any], finally_: Callable[[], None] | None = None
+    ) -> None:
+        """Call `outcome` on a thread of its own (so Stop stays clickable); its value or
+        error is the panel's result, shown when it returns."""
+        self.result, self.error = None, None
+        self.outcome.value = ""
 
         def run() -> None:
             try:
-                self.result = run_plan(plan, view, stop=stop, report=report)
+                self.result = outcome()
             except BaseException as error:  # noqa: BLE001 - shown in the panel
                 self.error = error
             finally:
-                stop.close()
+                if finally_ is not None:
+                    finally_()
                 self._active = False
                 self._show_outcome()
                 self._sync_widgets()
 
         self._active = True
         self._thread = threading.Thread(target=run, name="notebook_accel-panel-run", daemon=True)
-        self._thread.start()
-        self._sync_widgets()
-
-    def _follow_detached(self, run: Any) -> None:
-        """Show a detached run here until it ends, in a thread (Stop stays clickable)."""
-        if self.running:
-            return
-        self.result, self.error = None, None
-        self.outcome.value = ""
-        self._say(f"detached run {run.id}: attach('{run.id}') follows it from any kernel")
-        self._detached = run
-        self.report = run.report
-        run.add_observer(_PanelRun(self))
-
-        def follow() -> None:
-            try:
-                self.result = run.result()
-            except BaseException as error:  # noqa: BLE001 - shown in the panel
-                self.error = error
-            finally:
-                self._active = False
-                self._show_outcome()
-                self._sync_widgets()
-
-        self._active = True
-        self._thread = threading.Thread(target=follow, name="notebook_accel-panel-run", daemon=True)
         self._thread.start()
         self._sync_widgets()
 
