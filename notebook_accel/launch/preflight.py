@@ -35,6 +35,10 @@ DEFAULT_MULTINODE_PORT = 29500
 CPU_WORKERS_PER_CORE_LIMIT = 8
 
 
+# Where a worker of a resumed detached run finds its checkpoint (resume_checkpoint()).
+ENV_RESUME_FROM = "NOTEBOOK_ACCEL_RESUME_FROM"
+
+
 @dataclass(frozen=True)
 class LaunchPlan:
     """A checked launch: everything needed to start the workers."""
@@ -73,6 +77,9 @@ class LaunchPlan:
     cluster: ClusterRequest | None = None
     # A worker that raises opens pdb on its frames in the cell (launch/debugging.py).
     post_mortem: bool = False
+    # A resumed detached run's checkpoint, which its workers find through
+    # resume_checkpoint() (launch/runs).
+    resume_from: str | None = None
 
     @property
     def world_size(self) -> int:
@@ -108,6 +115,8 @@ class LaunchPlan:
         if self.in_process:
             env.update({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0"})
         env.update(self.settings.to_env())
+        if self.resume_from:
+            env[ENV_RESUME_FROM] = self.resume_from
         return env
 
     def new_report(self, started_at: float = 0.0) -> RunReport:

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from notebook_accel.launch.preflight import ENV_RESUME_FROM
 from notebook_accel.launch.runs.detached import DetachedRun, RunLostError  # noqa: F401
 from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, find_run, run_directories
 from notebook_accel.launch.runs.local import LocalRun
-from notebook_accel.launch.runs.starting import ENV_RESUME_FROM
 from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
 
 

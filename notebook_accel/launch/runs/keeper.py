@@ -13,7 +13,6 @@ stops every worker, as the stop button does in a cell, and the run ends
 from __future__ import annotations
 
 import dataclasses
-import os
 import signal
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.directory import RunDirectory
 from notebook_accel.launch.runs.log import EventLogWriter
-from notebook_accel.launch.runs.starting import ENV_RESUME_FROM, read_plan
+from notebook_accel.launch.runs.starting import read_plan
 from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
 from notebook_accel.reporting.observers import RunObserver
 from notebook_accel.reporting.report import final_status
@@ -62,9 +61,7 @@ def keeper_main(path: str, stops: list[int] | None = None) -> None:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
         if stops:
             raise KeyboardInterrupt("the run was stopped before its workers started")
-        plan, resume_from = read_plan(directory)
-        if resume_from:
-            os.environ[ENV_RESUME_FROM] = resume_from
+        plan = read_plan(directory)
         # Nothing launches from this process after the run: warming would only cost time.
         plan = dataclasses.replace(plan, warm=False)
         report = plan.new_report()

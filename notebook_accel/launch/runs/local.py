@@ -7,6 +7,7 @@ run directory (directory.py, log.py); `LocalRun` reads them from there.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import shutil
 import signal
 import time
@@ -78,14 +79,14 @@ class LocalRun(DetachedRun):
         shutil.rmtree(self.directory.path)
 
     def _relaunch(self, checkpoint: str | None) -> DetachedRun:
-        plan, earlier_resume = read_plan(self.directory)
-        return start_detached(plan, resume_from=checkpoint or earlier_resume, resumed_from=self.id)
+        plan = read_plan(self.directory)
+        plan = dataclasses.replace(plan, resume_from=checkpoint or plan.resume_from)
+        return start_detached(plan, resumed_from=self.id)
 
 
-def start_detached(
-    plan: Any, resume_from: str | None = None, resumed_from: str | None = None
-) -> DetachedRun:
-    """Start a checked launch plan under a keeper process; return its handle at once."""
+def start_detached(plan: Any, resumed_from: str | None = None) -> DetachedRun:
+    """Start a checked launch plan under a keeper process; return its handle at once.
+    `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
     directory = RunDirectory.create(
         function=getattr(plan.function, "__qualname__", repr(plan.function)),
         world_size=plan.world_size,
@@ -96,9 +97,9 @@ def start_detached(
         backend=plan.settings.backend,
         mixed_precision=plan.settings.mixed_precision,
         start_method=plan.start_method,
-        checkpoint=resume_from,
+        checkpoint=plan.resume_from,
         resumed_from=resumed_from,
     )
-    write_plan(directory, plan, resume_from)
+    write_plan(directory, plan)
     start_keeper(directory)
     return LocalRun(directory)

@@ -79,7 +79,7 @@ class ClusterKeeper:
     def _run(self) -> None:
         ended, status = RunEnded(RuntimeError("the run could not start")), "failed"
         try:
-            plan, _ = plan_from_bytes(self._launch)
+            plan = plan_from_bytes(self._launch)
             # The actor is inside the cluster: it uses its own connection; the pool goes as
             # soon as the run ends (nothing launches after it from here).
             request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
@@ -128,14 +128,20 @@ class ClusterKeeper:
         """Stop the run: every worker, agent and the placement group go."""
         self._stop.set()
 
+    def launch(self) -> bytes:
+        """The launch as it was shipped (starting.plan_bytes), for `resume`."""
+        return self._launch
+
 
 class ClusterRun(DetachedRun):
     """A detached run whose keeper is a detached actor of a Ray cluster (`ClusterKeeper`)."""
 
-    def __init__(self, record: RunRecord, actor: Any) -> None:
+    def __init__(self, record: RunRecord, actor: Any, launch: bytes | None = None) -> None:
         super().__init__(record)
         self._actor = actor
         self._last = 0
+        # The launch, where this kernel started the run: it resumes a run whose keeper died.
+        self._launch = launch
 
     def _ask(self, call: Any) -> Any:
         ray = require_ray()
@@ -183,15 +189,25 @@ class ClusterRun(DetachedRun):
         ray.kill(self._actor, no_restart=True)
 
     def _relaunch(self, checkpoint: str | None) -> DetachedRun:
-        raise RuntimeError(
-            f"run {self.id} ran on a Ray cluster, whose runs cannot be resumed yet: launch it "
-            "again with notebook_launcher(..., cluster='ray', detach=True) and have the "
-            f"function load its checkpoint ({checkpoint or 'it saved none'})"
-        )
+        ray = require_ray()
+        launch = self._launch
+        if launch is None:
+            try:
+                launch = self._ask(self._actor.launch.remote())
+            except ray.exceptions.RayActorError:
+                raise RuntimeError(
+                    f"run {self.id}'s keeper died, and its launch with it: only the kernel "
+                    "that started the run can resume it. Launch the function again with "
+                    f"detach=True and have it load the checkpoint ({checkpoint or 'none'})"
+                ) from None
+        plan = plan_from_bytes(launch)
+        plan = dataclasses.replace(plan, resume_from=checkpoint or plan.resume_from)
+        return start_on_cluster(plan, resumed_from=self.id)
 
 
-def start_on_cluster(plan: Any) -> ClusterRun:
-    """Start a checked cluster launch under a detached keeper actor; return at once."""
+def start_on_cluster(plan: Any, resumed_from: str | None = None) -> ClusterRun:
+    """Start a checked cluster launch under a detached keeper actor; return at once.
+    `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
     ray = require_ray()
     connect(plan.cluster.address)
     record = RunRecord(
@@ -206,7 +222,10 @@ def start_on_cluster(plan: Any) -> ClusterRun:
         backend=plan.settings.backend,
         mixed_precision=plan.settings.mixed_precision,
         start_method="on the cluster",
+        checkpoint=plan.resume_from,
+        resumed_from=resumed_from,
     )
+    launch = plan_bytes(plan)
     actor = (
         ray.remote(ClusterKeeper)
         .options(
@@ -217,9 +236,9 @@ def start_on_cluster(plan: Any) -> ClusterRun:
             max_concurrency=4,
             runtime_env=AGENT_RUNTIME_ENV,
         )
-        .remote(record, plan_bytes(plan))
+        .remote(record, launch)
     )
-    return ClusterRun(record, actor)
+    return ClusterRun(record, actor, launch)
 
 
 def cluster_runs(address: str | None = None) -> list[ClusterRun]:

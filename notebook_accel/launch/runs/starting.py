@@ -31,8 +31,6 @@ from notebook_accel.launch.runs.directory import (
     write_private,
 )
 
-# A worker of a resumed run finds the checkpoint to resume from here (resume_checkpoint()).
-ENV_RESUME_FROM = "NOTEBOOK_ACCEL_RESUME_FROM"
 # How long the kernel waits for the keeper's first process to hand over (it only forks).
 HANDOVER_SECONDS = 60.0
 
@@ -54,28 +52,28 @@ keeper_main(sys.argv[2], stops)
 """
 
 
-def plan_bytes(plan: Any, resume_from: str | None = None) -> bytes:
+def plan_bytes(plan: Any) -> bytes:
     """The launch, as a keeper will run it: the function and its arguments by value (a
     notebook cell's function works, as in fresh workers), the options as checked."""
     shipped = pack(plan.function, plan.args, plan.kwargs)
     options = dataclasses.replace(plan, function=None, args=(), kwargs={})
-    return pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped, resume_from))
+    return pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped))
 
 
-def plan_from_bytes(data: bytes) -> tuple[Any, str | None]:
-    """The plan and checkpoint `plan_bytes` packed, the function and arguments unpacked."""
-    options, shipped, resume_from = pickle.loads(data)
+def plan_from_bytes(data: bytes) -> Any:
+    """The plan `plan_bytes` packed, its function and arguments unpacked."""
+    options, shipped = pickle.loads(data)
     plan = cloudpickle.loads(options)
     function, args, kwargs = unpack(shipped)
-    return dataclasses.replace(plan, function=function, args=args, kwargs=kwargs), resume_from
+    return dataclasses.replace(plan, function=function, args=args, kwargs=kwargs)
 
 
-def write_plan(directory: RunDirectory, plan: Any, resume_from: str | None = None) -> None:
+def write_plan(directory: RunDirectory, plan: Any) -> None:
     """The launch (`plan_bytes`) into the run directory, for its keeper and `resume`."""
-    write_private(directory.path / PLAN_FILE, plan_bytes(plan, resume_from))
+    write_private(directory.path / PLAN_FILE, plan_bytes(plan))
 
 
-def read_plan(directory: RunDirectory) -> tuple[Any, str | None]:
+def read_plan(directory: RunDirectory) -> Any:
     """The plan `write_plan` wrote, its function and arguments unpacked."""
     return plan_from_bytes((directory.path / PLAN_FILE).read_bytes())
 

@@ -21,7 +21,7 @@ from tests_support import PROMPTLY, run_in_kernel
 SETUP = """
 import time, torch
 ADDRESS = RAY_ADDRESS
-from notebook_accel import Accelerator, attach, notebook_launcher, runs
+from notebook_accel import Accelerator, attach, notebook_launcher, release_cluster, runs
 ON_CLUSTER = dict(cluster="ray", ray_address=ADDRESS, num_processes=2, cpus_per_worker=0.5,
                   placement_strategy="STRICT_SPREAD", detach=True)
 
@@ -33,6 +33,43 @@ def count(steps):
         print(f"step {step}", flush=True)
         time.sleep(0.3)
     return total
+
+class StepCounter:
+    def __init__(self):
+        self.step = 0
+
+    def state_dict(self):
+        return {"step": self.step}
+
+    def load_state_dict(self, state):
+        self.step = state["step"]
+
+def resumable(project, steps, hold_at=None):
+    from notebook_accel import ProjectConfiguration, resume_checkpoint
+    accelerator = Accelerator(
+        project_config=ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    )
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    counter = StepCounter()
+    accelerator.register_for_checkpointing(counter)
+    if resume_checkpoint():
+        accelerator.load_state(resume_checkpoint())
+    for step in range(counter.step, steps):
+        batch = torch.Generator().manual_seed(100 * step + accelerator.process_index)
+        loss = model(torch.randn(8, 4, generator=batch)).pow(2).mean()
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        counter.step = step + 1
+        if counter.step % 3 == 0:
+            accelerator.save_state()
+        if counter.step == hold_at:
+            print("holding", flush=True)
+            time.sleep(600)
+    return accelerator.unwrap_model(model).weight.detach().clone()
 
 def forever():
     accelerator = Accelerator()
@@ -69,7 +106,7 @@ def wait_for_line(run_id: str, line: str) -> None:
 
 
 def test_a_killed_driver_s_run_goes_on_and_a_new_kernel_gets_it_and_stops_the_other(
-    ray_cluster, kernels
+    ray_cluster, kernels, tmp_path
 ):
     setup = SETUP.replace("RAY_ADDRESS", repr(ray_cluster.address))
     manager, client = kernels()
@@ -111,15 +148,44 @@ def test_a_killed_driver_s_run_goes_on_and_a_new_kernel_gets_it_and_stops_the_ot
     assert "now stopped" in stopped["text"], stopped["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
 
-    # A keeper that dies takes its agents and workers along; the run shows as lost.
+    # A keeper that dies takes its agents and workers along; the kernel that holds the
+    # run gets RunLostError, and resumes it from its newest checkpoint to the weights of a
+    # run never interrupted.
     started = run_in_kernel(
         client,
-        "doomed = notebook_launcher(forever, **ON_CLUSTER)\nprint('ids', doomed.id)",
+        f"doomed = notebook_launcher(resumable, ({str(tmp_path / 'doomed')!r}, 9, 6),"
+        " **ON_CLUSTER)\nprint('ids', doomed.id)",
         timeout=PROMPTLY,
     )
     (doomed_id,) = started["text"].split("ids ")[1].split()
-    wait_for_line(doomed_id, "[rank 1] step 1")
+    wait_for_line(doomed_id, "[rank 1] holding")
+    # What a keeper held goes with it: the kernel keeps the newest checkpoint it heard of.
+    heard = run_in_kernel(
+        client,
+        "deadline = time.monotonic() + 60\n"
+        "while not doomed.poll() and not str(doomed.report.checkpoint).endswith('_1')"
+        " and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+        "print('heard of', doomed.report.checkpoint)",
+        timeout=PROMPTLY,
+    )
+    assert "checkpoint_1" in heard["text"], heard["text"]
     ray.kill(find_cluster_run(doomed_id)._actor, no_restart=True)
-    lost = run_in_kernel(client, "doomed.result()", timeout=PROMPTLY)
-    assert lost["reply"].get("ename") == "RunLostError", lost["text"]
+    lost = run_in_kernel(
+        client,
+        "try:\n    doomed.result()\nexcept Exception as error:\n    lost = error\n"
+        "print(type(lost).__name__, lost.checkpoint)",
+        timeout=PROMPTLY,
+    )
+    assert "RunLostError" in lost["text"] and "checkpoint_1" in lost["text"], lost["text"]
+    assert wait_until_nothing_is_left(ray_cluster) == []
+    resumed = run_in_kernel(
+        client,
+        "resumed = doomed.resume()\nweights = resumed.result()\n"
+        f"reference = notebook_launcher(resumable, ({str(tmp_path / 'reference')!r}, 9),"
+        " **{**ON_CLUSTER, 'detach': False})\n"
+        "print('bit for bit:', torch.equal(weights, reference))\n"
+        "resumed.forget()\nrelease_cluster()  # the reference run's warm agents",
+        timeout=PROMPTLY,
+    )
+    assert "bit for bit: True" in resumed["text"], resumed["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
