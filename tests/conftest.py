@@ -112,8 +112,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def each_start_method(request, monkeypatch) -> Iterator[str]:
     """Run the test three times: with forked workers, with workers forked from a
     template process (what a kernel that has touched a GPU gets), and with workers
-    started in fresh interpreters. A module opts in with
-    `pytestmark = pytest.mark.usefixtures("each_start_method")`."""
+    started in fresh interpreters. For what depends on how a worker's process starts, is
+    watched, signalled and ends; a test opts in with `@EACH_START` (tests_support), a
+    module with `pytestmark = pytest.mark.usefixtures("each_start_method")`."""
     monkeypatch.setenv(ENV_START_METHOD, request.param)
     yield request.param
 
@@ -126,7 +127,7 @@ def each_way_to_ship(request, monkeypatch) -> Iterator[str]:
     "spawn" runs the code a worker of "forkserver" runs (only how its process starts,
     is watched and ends differs, which the modules on `each_start_method` test), so a
     third run under "spawn" would repeat this one at the price of importing torch in
-    every worker. A module opts in with
+    every worker. A test opts in with `@SHIPPED` (tests_support), a module with
     `pytestmark = pytest.mark.usefixtures("each_way_to_ship")`."""
     monkeypatch.setenv(ENV_START_METHOD, request.param)
     yield request.param

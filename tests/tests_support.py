@@ -5,12 +5,20 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import psutil
+import pytest
 
 # "At once", in a correctness test: far longer than a stop, a failure report or a
 # timeout takes on a loaded machine (a fresh interpreter alone can take seconds
 # there), far shorter than what the run would otherwise wait for (its workers' 600 s
 # sleep, a collective's timeout). How fast these are is measured in bench/, as ratios.
 PROMPTLY = 60.0
+
+# The start methods a test runs under (tests/conftest.py): under every one for what
+# depends on how a worker's process starts, is watched, signalled and ends; under the two
+# ways to ship the function for what a worker does once it runs, which is the same code
+# under "spawn" as under "forkserver".
+EACH_START = pytest.mark.usefixtures("each_start_method")
+SHIPPED = pytest.mark.usefixtures("each_way_to_ship")
 
 # This process's descendants when the running test began (set by tests/conftest.py):
 # what a test checks for "nothing left" is what it started, never what an earlier

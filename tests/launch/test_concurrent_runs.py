@@ -12,8 +12,9 @@ from notebook_accel.launch.launcher import run_plan
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.reporting.observers import RunObserver
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Each run keeps its report in the launching process, whatever starts its workers; two
+# threads starting workers at once under every start method: tests/launch/test_launch_stress.py.
+pytestmark = pytest.mark.usefixtures("each_way_to_ship")
 
 
 def logs_as(tag: str, steps: int, pause: float) -> str:

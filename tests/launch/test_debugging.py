@@ -1,8 +1,9 @@
 """A worker's input(), breakpoint() and post-mortem debugger, answered where the launch runs.
 
-Real 2-worker gloo runs under every start method; the user at the prompt is played
-by `input()` in this process (what a kernel turns into Jupyter's stdin request and
-a script reads from its terminal). The same in a real Jupyter kernel:
+Real 2-worker gloo runs under every start method, or the two ways to ship (below); the
+user at the prompt is played by `input()` in this process (what a kernel turns into
+Jupyter's stdin request and a script reads from its terminal). The same in a real
+Jupyter kernel:
 tests/notebooks/test_debugging_in_kernel.py.
 """
 
@@ -17,9 +18,12 @@ import torch
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
 from notebook_accel.launch import debugging
-from tests_support import PROMPTLY
+from tests_support import EACH_START, PROMPTLY, SHIPPED
 
-pytestmark = [pytest.mark.usefixtures("each_start_method"), pytest.mark.timeout(90)]
+# Prompts are answered by code a worker runs once it is started (SHIPPED); how a worker
+# reads PYTHONBREAKPOINT, and what a stop does to workers at a prompt or beside a
+# post-mortem, depend on how its process started (EACH_START).
+pytestmark = pytest.mark.timeout(90)
 
 
 class User:
@@ -63,6 +67,7 @@ def stops_on_rank_one():
     return accelerator.gather(secret).tolist()
 
 
+@SHIPPED
 def test_breakpoint_in_a_worker_opens_pdb_in_the_cell_and_continuing_lets_the_run_go_on(
     user, capfd
 ):
@@ -93,6 +98,7 @@ def answer_by_prompt(prompt: str) -> str:
     return {"[rank 0] rank 0, your name? ": "ada", "[rank 1] rank 1, your name? ": "grace"}[prompt]
 
 
+@SHIPPED
 def test_every_rank_s_prompt_says_which_rank_and_input_in_a_worker_is_answered(user):
     player = user()
     player.answer = answer_by_prompt
@@ -112,6 +118,7 @@ def test_every_rank_s_prompt_says_which_rank_and_input_in_a_worker_is_answered(u
         assert mine == [f"[rank {rank}] rank {rank}, your name? ", f"[rank {rank}] (Pdb) "]
 
 
+@SHIPPED
 def test_where_nobody_can_answer_a_breakpoint_is_passed_and_input_raises_eof(user, capfd):
     user()  # the frontend has no stdin: every prompt gets EOFError
     result = notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
@@ -124,6 +131,7 @@ def test_where_nobody_can_answer_a_breakpoint_is_passed_and_input_raises_eof(use
     assert "EOFError" in str(raised.value)
 
 
+@SHIPPED
 def test_a_launch_from_another_thread_passes_breakpoints_and_says_why(user, capfd):
     player = user("c")
     results = []
@@ -141,6 +149,7 @@ def test_a_launch_from_another_thread_passes_breakpoints_and_says_why(user, capf
     )
 
 
+@EACH_START
 def test_pythonbreakpoint_0_turns_breakpoints_off(user, monkeypatch):
     monkeypatch.setenv("PYTHONBREAKPOINT", "0")
     player = user("c")
@@ -164,6 +173,7 @@ class LaunchClock:
         return getattr(time, name)
 
 
+@SHIPPED
 def test_time_at_a_prompt_does_not_count_towards_the_timeout(user, monkeypatch):
     from notebook_accel.launch import supervisor
 
@@ -179,6 +189,7 @@ def test_time_at_a_prompt_does_not_count_towards_the_timeout(user, monkeypatch):
     assert result == [1.0, 2.0, 20.0, 40.0]
 
 
+@EACH_START
 def test_stop_pressed_at_a_prompt_stops_the_run(user):
     user(KeyboardInterrupt())
     started = time.monotonic()
@@ -201,6 +212,7 @@ def _step(steps, limit):
     return steps[limit] / len(window)
 
 
+@EACH_START
 def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_stopped(user, capfd):
     def after_rank_0_has_ended():  # the user reads for a while: rank 0's stop lands
         time.sleep(2)
@@ -236,6 +248,7 @@ def rank_0_is_slow_to_stop():
     torch.distributed.all_reduce(torch.ones(1))
 
 
+@SHIPPED
 def test_a_peer_failing_after_the_first_failure_opens_no_second_debugger(user, capfd):
     player = user("c", "c")
     with pytest.raises(WorkerError) as raised:
@@ -249,6 +262,7 @@ def test_a_peer_failing_after_the_first_failure_opens_no_second_debugger(user, c
     assert "[debugger not opened: the run is ending: rank 1 failed first; continuing]" in err
 
 
+@SHIPPED
 def test_without_post_mortem_a_failure_asks_nothing(user):
     player = user("c")
     with pytest.raises(WorkerError):

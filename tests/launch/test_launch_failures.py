@@ -12,10 +12,11 @@ import pytest
 import torch.distributed as dist
 
 from notebook_accel import WorkerError, last_run, notebook_launcher
-from tests_support import PROMPTLY, live_children
+from tests_support import EACH_START, PROMPTLY, SHIPPED, live_children
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# A worker's death, exit and stop depend on how its process was started and is watched:
+# those tests run under every start method (EACH_START); a result that cannot travel
+# back fails in code a worker runs once started (SHIPPED).
 
 
 def rank() -> int:
@@ -36,6 +37,7 @@ def rank1_raises(stamp_path):
     time.sleep(600)
 
 
+@EACH_START
 def test_a_raising_rank_surfaces_with_its_traceback_and_the_rest_stop_fast(tmp_path):
     path = tmp_path / "failed_at"
     with pytest.raises(WorkerError) as caught:
@@ -61,6 +63,7 @@ def rank1_killed(stamp_path):
     time.sleep(600)
 
 
+@EACH_START
 def test_a_killed_rank_is_named_with_its_signal(tmp_path):
     path = tmp_path / "killed_at"
     with pytest.raises(WorkerError) as caught:
@@ -79,6 +82,7 @@ def rank0_exits(code):
     time.sleep(600)
 
 
+@EACH_START
 def test_a_nonzero_exit_is_named_with_its_code():
     with pytest.raises(WorkerError, match="worker rank 0 exited with code 3") as caught:
         notebook_launcher(rank0_exits, args=(3,), num_processes=2, backend="cpu")
@@ -91,6 +95,7 @@ def sys_exit_on_rank1():
     time.sleep(600)
 
 
+@EACH_START
 def test_sys_exit_with_a_code_is_a_failure():
     with pytest.raises(WorkerError) as caught:
         notebook_launcher(sys_exit_on_rank1, num_processes=2, backend="cpu")
@@ -104,6 +109,7 @@ def dies_before_rendezvous():
     return "unreachable"
 
 
+@EACH_START
 def test_a_rank_dying_before_the_rendezvous_does_not_leave_the_others_waiting():
     started = time.monotonic()
     with pytest.raises(WorkerError, match="could not load data"):
@@ -163,6 +169,7 @@ def recorded_processes_still_running(folder, seconds=5.0):
         time.sleep(0.05)
 
 
+@EACH_START
 def test_processes_started_by_workers_are_stopped_too(tmp_path):
     with pytest.raises(WorkerError, match="disk full"):
         notebook_launcher(
@@ -177,6 +184,7 @@ def returns_a_generator():
     return (i for i in range(3))
 
 
+@SHIPPED
 def test_a_result_that_cannot_travel_back_is_a_clear_worker_error():
     with pytest.raises(WorkerError, match="cannot be sent back to the notebook"):
         notebook_launcher(returns_a_generator, num_processes=2, backend="cpu")
@@ -186,6 +194,7 @@ def sleeps(seconds):
     time.sleep(seconds)
 
 
+@EACH_START
 def test_timeout_stops_the_run_and_raises_timeout_error():
     # The workers sleep for 600 s, past this test's own time limit: only a run the
     # timeout stopped lets the test end (however long a loaded machine takes to start it).
@@ -211,6 +220,7 @@ notebook_launcher(starts_a_child_and_waits, args=(sys.argv[1],), num_processes=2
 """
 
 
+@EACH_START
 def test_killing_the_launcher_ends_the_workers_and_what_they_started(tmp_path):
     import psutil
 
@@ -259,6 +269,7 @@ except WorkerError as error:
 """
 
 
+@EACH_START
 def test_a_crashed_rank_s_python_stack_is_in_its_worker_error(tmp_path):
     script = tmp_path / "crash.py"
     script.write_text(CRASHING_SCRIPT)

@@ -7,13 +7,13 @@ import os
 import sys
 import time
 
-import pytest
 import torch.distributed as dist
 
 from notebook_accel import last_run, notebook_launcher
+from tests_support import EACH_START, SHIPPED
 
-# Every test here runs with forked workers and with workers in fresh interpreters.
-pytestmark = pytest.mark.usefixtures("each_start_method")
+# Lines are framed and parsed by the same code under every start method (SHIPPED); which
+# descriptors a worker's streams get is set up as its process starts (EACH_START).
 
 
 def chatty():
@@ -29,6 +29,7 @@ def chatty():
     sys.stdout.write(f"no newline at exit {rank}")
 
 
+@SHIPPED
 def test_every_rank_prints_whole_lines_with_rank_prefixes(capsys):
     logger = logging.getLogger("user")
     handler = logging.StreamHandler(sys.stderr)  # made before the launch, as in a notebook
@@ -46,6 +47,7 @@ def test_every_rank_prints_whole_lines_with_rank_prefixes(capsys):
     assert "logged by 0" in err_lines and "[rank 1] logged by 1" in err_lines
 
 
+@SHIPPED
 def test_main_only_output_hides_the_other_ranks(capsys):
     notebook_launcher(chatty, num_processes=2, output="main", backend="cpu")
     out, err = capsys.readouterr()
@@ -60,6 +62,7 @@ def many_lines(count):
     return count
 
 
+@SHIPPED
 def test_large_output_arrives_complete_and_in_order(capsys):
     notebook_launcher(many_lines, args=(3000,), num_processes=2, backend="cpu")
     lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("line")]
@@ -76,6 +79,7 @@ def warns_between_lines(count):
     return sys.stdout.fileno(), sys.stderr.fileno()
 
 
+@EACH_START
 def test_stdout_and_stderr_lines_keep_the_order_they_were_written_in():
     # A worker writes all of this before the launcher reads any of it: with a pipe per
     # stream, the launcher's reads had put every warning after every line.

@@ -57,7 +57,7 @@ def assert_replicas_equal(workers):
 # -- values that cannot come back ---------------------------------------------------
 
 
-@pytest.mark.usefixtures("each_start_method")
+@pytest.mark.usefixtures("each_way_to_ship")  # made and shown by a running worker's code
 def test_values_that_cannot_come_back_show_their_repr_and_keep_the_group(workers):
     workers.run_cell(DDP_CELL)
     workers.run_cell("train_step()")
