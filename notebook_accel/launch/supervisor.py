@@ -75,6 +75,10 @@ from notebook_accel.reporting.events import (
 # After the first failure, how long to keep listening so that the failure that
 # caused the others (often a peer's "connection closed") can be told apart.
 SETTLE_SECONDS = 0.25
+# A worker that raised exits right after sending its error (launch/worker.py), but on a
+# loaded machine, or with a stream slow to flush, that can outlast the settle period: its
+# exit code belongs in the WorkerError, so the launcher waits for it this long at most.
+RAISED_EXIT_SECONDS = 10.0
 # SIGTERM, then this long, then SIGKILL.
 TERMINATE_GRACE_SECONDS = 0.8
 # After SIGKILL, how long to wait for the kernel to reap a worker.
@@ -376,7 +380,7 @@ class WorkerGroupBase:
         with listening:
             settle_until: float | None = None
             while not done():
-                if settle_until is not None and time.monotonic() >= settle_until:
+                if settle_until is not None and self._settled(settle_until):
                     raise WorkerError(self._failures_cause_first(failed()))
                 if settle_until is None and deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError
@@ -384,7 +388,7 @@ class WorkerGroupBase:
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
                 self._deadline = deadline
-                self._poll(until=self._hang_due(settle_until or deadline))
+                self._poll(until=self._hang_due(self._settle_wake(settle_until) or deadline))
                 self._reap_unseen_exits()
                 if deadline is not None:
                     deadline += self._prompt_seconds
@@ -394,6 +398,23 @@ class WorkerGroupBase:
                 if settle_until is None and failed() and not debugging:
                     settle_until = time.monotonic() + self.settle_seconds
                 self._explain_if_hung()
+
+    def _settled(self, settle_until: float) -> bool:
+        """Whether the failures are all in: the settle period is over, and every worker
+        that raised has exited (or RAISED_EXIT_SECONDS more have passed)."""
+        now = time.monotonic()
+        if now < settle_until:
+            return False
+        return now >= settle_until + RAISED_EXIT_SECONDS or not self._raised_and_exiting()
+
+    def _raised_and_exiting(self) -> list[_Worker]:
+        return [w for w in self.workers if w.error is not None and not w.ended]
+
+    def _settle_wake(self, settle_until: float | None) -> float | None:
+        """When the wait for failures next needs a look (an exit wakes it sooner)."""
+        if settle_until is None or time.monotonic() < settle_until:
+            return settle_until
+        return settle_until + RAISED_EXIT_SECONDS
 
     # -- a run that makes no progress ------------------------------------------------
 

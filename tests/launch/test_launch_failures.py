@@ -54,6 +54,40 @@ def test_a_raising_rank_surfaces_with_its_traceback_and_the_rest_stop_fast(tmp_p
     assert last_run().status == "failed"
 
 
+class SlowFlush:
+    """A stream whose flush takes a second, as a tee to a slow disk's log file may: the
+    worker flushes its streams after sending its error, before it exits."""
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def write(self, text):
+        return self.stream.write(text)
+
+    def flush(self):
+        time.sleep(1.0)
+        self.stream.flush()
+
+
+def rank1_raises_then_exits_slowly():
+    dist.init_process_group("gloo")
+    if rank() == 1:
+        sys.stdout = SlowFlush(sys.stdout)
+        raise ValueError("bad batch shape")
+    dist.barrier()
+    time.sleep(600)
+
+
+@SHIPPED
+def test_a_raising_rank_s_exit_code_is_in_its_worker_error_when_its_exit_is_slow():
+    # On a loaded machine a worker can take longer to exit after its error than the
+    # launcher listens for more failures; the error still says how the worker ended.
+    with pytest.raises(WorkerError) as caught:
+        notebook_launcher(rank1_raises_then_exits_slowly, num_processes=2, backend="cpu")
+    assert (caught.value.rank, caught.value.exitcode) == (1, 1)
+    assert live_children() == []
+
+
 def rank1_killed(stamp_path):
     dist.init_process_group("gloo")
     dist.barrier()
