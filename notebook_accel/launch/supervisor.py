@@ -405,10 +405,13 @@ class WorkerGroupBase:
         now = time.monotonic()
         if now < settle_until:
             return False
-        return now >= settle_until + RAISED_EXIT_SECONDS or not self._raised_and_exiting()
+        return now >= settle_until + RAISED_EXIT_SECONDS or not self._a_raised_worker_exiting()
 
-    def _raised_and_exiting(self) -> list[_Worker]:
-        return [w for w in self.workers if w.error is not None and not w.ended]
+    def _a_raised_worker_exiting(self) -> bool:
+        # One in its post-mortem debugger is not exiting: it ends when the user is done.
+        return any(
+            w.error is not None and not w.ended and not w.in_post_mortem for w in self.workers
+        )
 
     def _settle_wake(self, settle_until: float | None) -> float | None:
         """When the wait for failures next needs a look (an exit wakes it sooner)."""
