@@ -183,6 +183,15 @@ def environment_report() -> str:
         lines.append(f"  GPU {gpu.index:<11} {gpu.name}, {fmt.size(gpu.memory_bytes)}{capability}")
     if hardware.tpu_cores:
         lines.append(f"  TPU cores       {hardware.tpu_cores}")
+    found = hardware.accelerators
+    if found is not None and found.problem:
+        lines.append(f"  {found.device_type:<15} cannot be used: {found.problem}")
+    elif found is not None:
+        name = f" ({found.name})" if found.name else ""
+        precisions = ", ".join(found.precisions) or "none"
+        lines.append(
+            f"  {found.device_type:<15} {found.count} device(s){name}; autocast: {precisions}"
+        )
     relevant = sorted(
         name for name in os.environ if name.startswith(ENV_PREFIXES) or name in ENV_NAMES
     )

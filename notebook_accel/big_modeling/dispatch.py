@@ -17,6 +17,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from notebook_accel.big_modeling import devices
 from notebook_accel.big_modeling.device_map import check_device_map
 from notebook_accel.big_modeling.hooks import (
     DeviceHook,
@@ -47,30 +48,33 @@ def check_device_value(device: Any, key: str) -> None:
     if isinstance(device, torch.device):
         device = str(device)
     ok = isinstance(device, int) and not isinstance(device, bool) and device >= 0
+    indexed = devices.index_device_type()
     if isinstance(device, str):
         kind, _, index = device.partition(":")
         ok = device in NAMED_DEVICES or (
-            kind in ("cuda", "xpu", "mps", "npu", "cpu") and (not index or index.isdigit())
+            kind in ("cuda", "cpu", "mps", indexed) and (not index or index.isdigit())
         )
     if not ok:
+        named = f"'{indexed}:N', " if indexed else "'cuda:N', "
         raise ValueError(
-            f"device_map[{key!r}] = {device!r} is not a device: use a GPU index (0, 1, ...), "
-            "'cuda:N', 'mps', 'cpu' or 'disk'"
+            f"device_map[{key!r}] = {device!r} is not a device: use an accelerator index "
+            f"(0, 1, ...), {named}'mps', 'cpu' or 'disk'"
         )
     index = device if isinstance(device, int) else None
-    if isinstance(device, str) and device.startswith("cuda"):
+    if isinstance(device, str) and device.partition(":")[0] in (indexed, "cuda"):
         index = int(device.partition(":")[2] or 0)
-    if index is not None and index >= torch.cuda.device_count():
+    count = devices.index_device_count()
+    if index is not None and index >= count:
         raise ValueError(
-            f"device_map[{key!r}] = {device!r} names GPU {index}, but this machine has "
-            f"{torch.cuda.device_count()} visible GPU(s): map it to an existing GPU, 'cpu' "
-            "or 'disk'"
+            f"device_map[{key!r}] = {device!r} names device {index}, but this machine has "
+            f"{count} visible {indexed or 'accelerator'} device(s): map it to an existing "
+            "one, 'cpu' or 'disk'"
         )
 
 
 def _device(value: int | str | torch.device) -> torch.device:
     if isinstance(value, int):
-        return torch.device("cuda", value) if torch.cuda.is_available() else torch.device(value)
+        return devices.indexed_device(value)
     return torch.device(value)
 
 
@@ -512,7 +516,7 @@ def cpu_offload_with_hook(
         if torch.backends.mps.is_available():
             execution_device = "mps"
         else:
-            execution_device = 0 if torch.cuda.is_available() else "cpu"
+            execution_device = 0 if devices.index_device_count() else "cpu"
     hook = _OnDeviceWhileUsed(_device(execution_device), prev_module_hook)
     model.to("cpu")
     add_hook_to_module(model, hook)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Iterator, Mapping
 import torch
 from torch import nn
 
+from notebook_accel.big_modeling import devices
+
 Device = int | str
 # Where a device map may send a module: accelerator indices first, then these, in this order.
 NAMED_DEVICES = ("mps", "cpu", "disk")
@@ -192,29 +194,18 @@ def find_tied_parameters(model: nn.Module) -> list[list[str]]:
     return [sorted(names) for names in groups.values() if len(names) > 1]
 
 
-def _cuda_free_memory() -> dict[Device, int]:
-    free: dict[Device, int] = {}
-    # Counting through NVML (see notebook_accel/__init__.py) does not start CUDA;
-    # reading the free memory does, which a model about to be put there does anyway.
-    for index in range(torch.cuda.device_count()):
-        try:
-            free[index] = torch.cuda.mem_get_info(index)[0]
-        except RuntimeError:  # a device that is busy or hidden: leave it out
-            continue
-    return free
-
-
 def get_max_memory(max_memory: Mapping[Device, int | str] | None = None) -> dict[Device, int]:
-    """The memory each device may use, GPUs first, then "mps", "cpu", "disk".
+    """The memory each device may use, accelerators first, then "mps", "cpu", "disk".
 
-    None: the free memory of every GPU and the available RAM. Otherwise sizes are
+    None: the free memory of every accelerator device (GPUs, XPUs, ...) and the
+    available RAM. Otherwise sizes are
     converted to bytes and keys are checked: an int (an accelerator index), "mps",
     "cpu" or "disk".
     """
     import psutil
 
     if max_memory is None:
-        found = _cuda_free_memory()
+        found: dict[Device, int] = dict(devices.free_memory_by_index())
         if torch.backends.mps.is_available():
             found["mps"] = psutil.virtual_memory().available
         else:
@@ -234,7 +225,7 @@ def check_device_name(device: object, what: str) -> None:
         (isinstance(device, int) and device >= 0) or device in NAMED_DEVICES
     ):
         raise ValueError(
-            f"{what} names an unknown device {device!r}: use GPU indices (0, 1, ...), "
+            f"{what} names an unknown device {device!r}: use accelerator indices (0, 1, ...), "
             f"'mps', 'cpu' or 'disk'"
         )
 

@@ -160,6 +160,8 @@ def prepare_pippy(
     schedule = ScheduleGPipe(stage, chunks)
 
     def forward(*args: Any, **kwargs: Any) -> Any:
+        # The first stage runs on this worker's device: inputs given on the CPU go there.
+        args, kwargs = apply_to_tensors(lambda t: t.to(state.device), (args, kwargs))
         return _run(schedule, rank, world, chunks, gather_output, args, kwargs)
 
     model._original_forward = original

@@ -7,6 +7,8 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
+from notebook_accel.big_modeling import devices
+
 
 def owner_of(model: nn.Module, tensor_name: str) -> tuple[nn.Module, str]:
     """The module that directly holds `tensor_name`, and the tensor's name there."""
@@ -75,7 +77,7 @@ def set_module_tensor_to_device(
     else:
         target = old.dtype if old is not None else value.dtype
     if isinstance(device, int):
-        device = torch.device("cuda", device)
+        device = devices.indexed_device(device)
     if value is old and old.device == torch.device(device) and old.dtype == target:
         return
     with torch.no_grad():

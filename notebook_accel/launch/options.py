@@ -24,6 +24,7 @@ from typing import Any
 from notebook_accel.config.settings import PRECISIONS, normalize_fsdp, normalize_precision
 from notebook_accel.launch.cluster.request import CLUSTERS, STRATEGIES
 from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
+from notebook_accel.platforms.families import FAMILIES
 from notebook_accel.platforms.registry import PLATFORMS
 from notebook_accel.reporting.observers import OUTPUT_CHOICES
 
@@ -215,7 +216,19 @@ def _index_list(text: str) -> list[int]:
 
 # -- the options --------------------------------------------------------------------------
 
-_BACKENDS = tuple(sorted(PLATFORMS))
+# The backends every machine may name; a device type registered with torch in
+# this process (a PrivateUse1 device) is accepted too (platforms.platform_named).
+_BACKENDS = tuple(dict.fromkeys([*sorted(PLATFORMS), *FAMILIES]))
+
+
+def _backend(value: Any) -> Any:
+    if value is None or (isinstance(value, str) and value):
+        return value  # which device types exist is the platform registry's answer
+    raise ValueError(
+        f"backend={value!r} must be a device type's name: one of {', '.join(_BACKENDS)}, a "
+        "device type registered with torch, or None (this machine's default)."
+    )
+
 
 OPTIONS: dict[str, Option] = {
     option.name: option
@@ -283,10 +296,10 @@ OPTIONS: dict[str, Option] = {
         Option(
             "backend",
             None,
-            f"{', '.join(_BACKENDS)} (default: what the hardware suggests)",
-            _one_of("backend", _BACKENDS, optional=True),
+            f"{', '.join(_BACKENDS)}, or another torch.accelerator device type "
+            "(default: what the hardware suggests)",
+            _backend,
             "str | None",
-            choices=_BACKENDS,
             parse=str,
         ),
         Option(

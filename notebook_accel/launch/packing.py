@@ -170,9 +170,14 @@ class _WorkerPickler(cloudpickle.Pickler):
             self.code_files.add(obj.co_filename)
             return marshal.loads, (marshal.dumps(obj),)
         torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda":
+        if (
+            torch is not None
+            and isinstance(obj, torch.Tensor)
+            and obj.device.type not in ("cpu", "meta")
+        ):
             is_parameter = isinstance(obj, torch.nn.Parameter)
-            return _on_worker_device, (obj.detach().cpu(), is_parameter, obj.requires_grad)
+            shipped = obj.detach().cpu()
+            return _on_worker_device, (shipped, is_parameter, obj.requires_grad, obj.device.type)
         return super().reducer_override(obj)
 
 
@@ -230,12 +235,18 @@ class _LiveUnpickler(pickle.Unpickler):
         return self.namespace
 
 
-def _on_worker_device(tensor: Any, is_parameter: bool, requires_grad: bool) -> Any:
-    """Runs in the worker: put a tensor that was on a GPU in the kernel on this worker's device."""
+def _on_worker_device(
+    tensor: Any, is_parameter: bool, requires_grad: bool, device_type: str = "cuda"
+) -> Any:
+    """Runs in the worker: put a tensor that was on a device in the kernel on this
+    worker's device of that type (on the CPU where the worker runs elsewhere)."""
     import torch
 
-    if os.environ.get(ENV_BACKEND) == "cuda":
-        tensor = tensor.to(torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))))
+    if os.environ.get(ENV_BACKEND) == device_type:
+        from notebook_accel.platforms.registry import platform_named
+
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        tensor = tensor.to(platform_named(device_type).device(local_rank))
     if is_parameter:
         return torch.nn.Parameter(tensor, requires_grad=requires_grad)
     return tensor.requires_grad_(requires_grad) if requires_grad else tensor

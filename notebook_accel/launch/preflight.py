@@ -347,7 +347,7 @@ def choose_start_method(
     per worker. Raises LaunchRefused where the asked method cannot work, before
     anything starts.
     """
-    problem = platform.fork_problem() or _gpu_tensors_problem(platform, args, kwargs or {})
+    problem = platform.fork_problem() or _device_tensors_problem(platform, args, kwargs or {})
     if asked == "fork":
         if problem:
             raise LaunchRefused(
@@ -368,36 +368,39 @@ def choose_start_method(
     return "fork", None
 
 
-def _gpu_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:
-    """Workers that do not run on CUDA (CPU ones) can be forked from a kernel that
-    uses a GPU, but cannot read a GPU tensor they inherit."""
-    import torch
-
-    if platform.name == "cuda" or not torch.cuda.is_initialized():
-        return None
-    if holds_gpu_tensors((args, kwargs)):
+def _device_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:
+    """Workers of another platform (CPU ones) can be forked from a kernel that uses a
+    device, but cannot read a device tensor they inherit."""
+    foreign = sorted(held_device_types((args, kwargs)) - {platform.name})
+    if foreign:
         return (
-            "the arguments hold tensors on a GPU, which a forked worker cannot read "
-            "(workers that start clean get them on the CPU)"
+            f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
+            "worker cannot read (workers that start clean get them on the CPU)"
         )
     return None
 
 
-def holds_gpu_tensors(value: Any, depth: int = 0) -> bool:
-    """Whether `value` (containers and modules, a few levels deep) holds a CUDA tensor."""
+# Tensors of these device types are plain memory a forked worker can read.
+_HOST_DEVICE_TYPES = frozenset({"cpu", "meta"})
+
+
+def held_device_types(value: Any, depth: int = 0) -> set[str]:
+    """The device types (other than the CPU) of the tensors in `value` (containers and
+    modules, a few levels deep)."""
     import torch
 
     if isinstance(value, torch.Tensor):
-        return value.device.type == "cuda"
+        return {value.device.type} - _HOST_DEVICE_TYPES
     if isinstance(value, torch.nn.Module):
-        return any(t.device.type == "cuda" for t in (*value.parameters(), *value.buffers()))
+        tensors = (*value.parameters(), *value.buffers())
+        return {t.device.type for t in tensors} - _HOST_DEVICE_TYPES
     if depth >= 4:
-        return False
+        return set()
     if isinstance(value, dict):
         value = list(value.values())
     if isinstance(value, (list, tuple, set)):
-        return any(holds_gpu_tensors(item, depth + 1) for item in value)
-    return False
+        return set().union(*(held_device_types(item, depth + 1) for item in value))
+    return set()
 
 
 def _check_not_in_worker() -> None:
@@ -439,11 +442,15 @@ def _check_call(function: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
 
 def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -> Platform:
     if name is None:
-        chosen = platform_named("cuda") if devices is not None else default_platform(hardware)
+        chosen = default_platform(hardware)
+        if devices is not None and not chosen.chooses_devices:
+            chosen = platform_named("cuda")  # devices= names GPUs where there are none
     else:
         chosen = platform_named(name)
     if devices is not None and not chosen.chooses_devices:
-        raise ValueError(f"devices= chooses GPUs; the {chosen.name} backend takes none.")
+        raise ValueError(
+            f"devices= chooses accelerator devices (GPUs); the {chosen.name} backend takes none."
+        )
     return chosen
 
 
@@ -458,8 +465,8 @@ def _check_devices_fit(
     noun = platform.device_noun
     if devices is not None and max(devices) >= available:
         raise ValueError(
-            f"devices={devices} names GPU {max(devices)}, but this machine has "
-            f"{available} GPU(s), numbered 0 to {available - 1}."
+            f"devices={devices} names {noun} {max(devices)}, but this machine has "
+            f"{available} {noun}(s), numbered 0 to {available - 1}."
         )
     if wanted <= available:
         return

@@ -112,8 +112,8 @@ def fresh_start_message(plan: LaunchPlan) -> str:
         f"one: {plan.fresh_start_reason}. The first such launch is about 1.5-2 s slower "
         "(that process imports torch); later ones are about as fast as forking. "
         "Everything works as usual; the function and its arguments are pickled by value, "
-        "and GPU tensors among them arrive on each worker's own device. To fork again, "
-        "restart the kernel and touch the GPU only inside the training function (or pass "
+        "and device tensors among them arrive on each worker's own device. To fork again, "
+        "restart the kernel and touch the device only inside the training function (or pass "
         "start_method='forkserver' to choose this start without this message)."
     )
 

@@ -324,9 +324,9 @@ def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str
 
     Decided from names and files alone, before anything is imported.
     """
-    from notebook_accel.platforms.registry import PLATFORMS
+    from notebook_accel.platforms.registry import known_device_packages
 
-    devices = tuple(package for p in PLATFORMS.values() for package in p.device_packages)
+    devices = known_device_packages()
     names: list[str] = []
     skipped: dict[str, str] = {}
     for name, origin in imported.items():

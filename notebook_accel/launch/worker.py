@@ -32,7 +32,7 @@ from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.launch.output_pipes import python_streams
 from notebook_accel.launch.stacks import StackRequests
 from notebook_accel.launch.warm import imported_since
-from notebook_accel.platforms.registry import PLATFORMS
+from notebook_accel.platforms.registry import platform_named
 
 # Imported here, in the launching process, so that forked workers inherit
 # them instead of each importing them again (milliseconds per worker): the
@@ -291,7 +291,7 @@ def _channel_destination(
 
 
 def _send_peak_resources(channel: ChannelWriter, rank: int) -> None:
-    platform = PLATFORMS.get(os.environ.get(ENV_BACKEND, ""), PLATFORMS["cpu"])
+    platform = platform_named(os.environ.get(ENV_BACKEND) or "cpu")
     peak_gpu = platform.peak_device_bytes()
     peaks = PeakResources(
         rank,

@@ -15,36 +15,45 @@ from functools import lru_cache
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from notebook_accel.internals import cuda as internal_cuda
 from notebook_accel.platforms import cuda_origin
-from notebook_accel.platforms.base import DistributedType, Platform
-from notebook_accel.platforms.collectives import Collectives
+from notebook_accel.platforms.accelerator import AcceleratorPlatform
 from notebook_accel.platforms.hardware import GpuInfo, Hardware, cpu_cores
 
 # Name the line that starts CUDA in this process, should one do so before a launch.
 cuda_origin.watch()
 
 
-class CudaPlatform(Platform):
-    """One process per GPU; the kernel never touches the CUDA driver."""
+class CudaPlatform(AcceleratorPlatform):
+    """One process per GPU; the kernel never touches the CUDA driver.
 
-    name = "cuda"
-    process_group_backend = "nccl"
-    distributed_type = DistributedType.MULTI_GPU
-    device_noun = "GPU"
-    chooses_devices = True
+    The generic accelerator platform runs it; what only CUDA has stays here:
+    GPUs counted and described through NVML, the watcher that names the line
+    that started CUDA, compute-capability checks for bf16 and fp8, Triton for
+    torch.compile, CUDA_VISIBLE_DEVICES and pinned host memory.
+    """
+
     pins_host_memory = True
-    device_packages = cuda_origin.CUDA_LIBRARIES
+
+    def __init__(self) -> None:
+        super().__init__("cuda")
+        self.device_noun = "GPU"
+        self.device_packages = cuda_origin.CUDA_LIBRARIES
 
     # -- the kernel's half -------------------------------------------------------
 
     def device_count(self, hardware: Hardware) -> int:
         return len(hardware.gpus)
 
-    def processes_for(self, hardware: Hardware, devices: list[int], asked: int) -> int:
-        return len(devices)  # one worker per chosen GPU
+    def device_indices(self, hardware: Hardware) -> list[int]:
+        return [gpu.index for gpu in hardware.gpus]
+
+    def check_available(self, hardware: Hardware) -> None:
+        pass  # a launch with no GPU says so when it counts them (preflight)
+
+    def devices_summary(self, hardware: Hardware) -> str:
+        return ""
 
     def precision_problem(self, precision: str, hardware: Hardware) -> str | None:
         capabilities = [gpu.capability for gpu in hardware.gpus if gpu.capability]
@@ -70,11 +79,12 @@ class CudaPlatform(Platform):
         return None
 
     def fork_problem(self) -> str | None:
+        runtime = "ROCm (HIP)" if torch.version.hip else "CUDA"
         if torch.cuda.is_initialized():
             found = cuda_origin.origin()
             where = f" ({found.describe()})" if found else ""
             return (
-                f"CUDA is already initialised in this process{where}, and a forked worker "
+                f"{runtime} is already initialised in this process{where}, and a forked worker "
                 "cannot use a GPU once its parent has"
             )
         if _cuda_driver_initialised():
@@ -85,6 +95,9 @@ class CudaPlatform(Platform):
                 + ", and a forked worker cannot use a GPU once its parent has"
             )
         return None
+
+    def runtime_initialised(self) -> bool:
+        return torch.cuda.is_initialized()
 
     def guard_runtime_start(self, refuse: Callable[[], bool]) -> Callable[[], None]:
         # torch starts CUDA through torch.cuda._lazy_init, the Python function
@@ -111,6 +124,7 @@ class CudaPlatform(Platform):
             return {}
         # `devices` counts the GPUs this process sees; when CUDA_VISIBLE_DEVICES
         # already narrows them, index into that list rather than the machine's.
+        # Each worker then sees its GPUs from 0: local rank r trains on cuda:r.
         visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         names = [name.strip() for name in visible.split(",")] if visible else None
         chosen = [names[index] if names else str(index) for index in devices]
@@ -130,20 +144,6 @@ class CudaPlatform(Platform):
         )
         return Hardware(gpus=(gpu,), cpu_cores=cpu_cores())
 
-    def collectives(self) -> Collectives:
-        # nccl only moves CUDA tensors: CPU ones go through this process's GPU.
-        return Collectives(staging=_nccl_staging_device)
-
-    def device(self, local_rank: int) -> torch.device:
-        if local_rank >= torch.cuda.device_count():
-            raise RuntimeError(
-                f"This process has LOCAL_RANK={local_rank} but sees only "
-                f"{torch.cuda.device_count()} CUDA device(s). Start at most one process per GPU, "
-                "or pass cpu=True to train on the CPU."
-            )
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
-
     def compile_problem(self, backend: str) -> str | None:
         if backend == "inductor" and importlib.util.find_spec("triton") is None:
             return (
@@ -156,38 +156,12 @@ class CudaPlatform(Platform):
     def copy_stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device)
 
-    def ddp_kwargs(self, device: torch.device) -> dict[str, Any]:
-        return {"device_ids": [device.index], "output_device": device.index}
-
-    def barrier(self) -> None:
-        # Without device_ids nccl guesses the device and warns about it.
-        dist.barrier(device_ids=[torch.cuda.current_device()])
-
-    def peak_device_bytes(self) -> int | None:
-        return torch.cuda.max_memory_allocated() if torch.cuda.is_initialized() else None
-
-    def empty_cache(self) -> None:
-        torch.cuda.empty_cache()
-
-    def rng_states(self) -> dict[str, Any]:
-        # Only read where CUDA is already running: reading them would start it.
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            return {"cuda": torch.cuda.get_rng_state_all()}
-        return {}
-
-    def set_rng_states(self, states: dict[str, Any]) -> None:
-        if "cuda" in states and torch.cuda.is_available():
-            torch.cuda.set_rng_state_all(states["cuda"])
+    def manual_seed(self, seed: int) -> None:
+        pass  # torch.manual_seed seeds every CUDA device (lazily: CUDA is not started)
 
 
 def _suspects(loaded: list[str]) -> str:
     return f"; loaded libraries that can do that: {', '.join(loaded)}" if loaded else ""
-
-
-def _nccl_staging_device() -> torch.device | None:
-    if dist.get_backend() != "nccl":  # a gloo group (InitProcessGroupKwargs) moves CPU tensors
-        return None
-    return torch.device("cuda", torch.cuda.current_device())
 
 
 # -- counting GPUs without initialising CUDA --------------------------------------

@@ -48,6 +48,24 @@ class XlaInfo:
 
 
 @dataclass(frozen=True)
+class AcceleratorDevices:
+    """The devices of a `torch.accelerator` type other than CUDA (XPU, NPU, MPS, ...).
+
+    `problem` says why they cannot be used (their package failed to import);
+    the CPU stays usable then.
+    """
+
+    device_type: str
+    count: int = 0
+    name: str = ""
+    memory_bytes: int = 0
+    # The precisions autocast takes on them ("fp16", "bf16"), as their device module says.
+    precisions: tuple[str, ...] = ()
+    package: str = ""  # the package that registers the device with torch ("": torch)
+    problem: str = ""
+
+
+@dataclass(frozen=True)
 class Hardware:
     """A snapshot of the devices a launch can use."""
 
@@ -56,15 +74,35 @@ class Hardware:
     xla: XlaInfo | None = None
     cpu_cores: int = 1
     ram_bytes: int = 0
+    accelerators: AcceleratorDevices | None = None
 
     @property
     def accelerator(self) -> str:
-        """The platform a launch picks by default: "cuda", "xla" or "cpu"."""
+        """The platform a launch picks by default: "cuda", "xla", another
+        `torch.accelerator` device type ("xpu", "mps", ...) or "cpu"."""
         if self.gpus:
             return "cuda"
         if self.tpu_cores:
             return "xla"
+        if self.usable_accelerators is not None:
+            return self.usable_accelerators.device_type
         return "cpu"
+
+    @property
+    def device_choices(self) -> tuple[tuple[int, str], ...]:
+        """(index, label) of each accelerator device a launch may pick by index."""
+        if self.gpus:
+            return tuple((gpu.index, f"GPU {gpu.index}") for gpu in self.gpus)
+        found = self.usable_accelerators
+        if found is None:
+            return ()
+        return tuple((index, f"{found.device_type}:{index}") for index in range(found.count))
+
+    @property
+    def usable_accelerators(self) -> AcceleratorDevices | None:
+        """`accelerators` when there are some and nothing keeps them from use."""
+        found = self.accelerators
+        return found if found is not None and found.count and not found.problem else None
 
 
 def cpu_cores() -> int:

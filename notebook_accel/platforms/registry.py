@@ -3,41 +3,96 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import os
+import warnings
 
 import torch
 import torch.distributed as dist
 
+from notebook_accel.platforms.accelerator import (
+    ENV_DEVICE_PACKAGE,
+    AcceleratorPlatform,
+    detect_accelerators,
+    registering_package,
+)
 from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
 from notebook_accel.platforms.cpu import CpuPlatform
 from notebook_accel.platforms.cuda import CudaPlatform, detect_gpus
+from notebook_accel.platforms.families import FAMILIES
 from notebook_accel.platforms.hardware import GpuInfo, Hardware, XlaInfo, cpu_cores
+from notebook_accel.platforms.mps import MpsPlatform
 from notebook_accel.platforms.xla import XlaPlatform, check_tpu_in_process, detect_xla
 
-# In the order a launch prefers them when the caller does not choose.
+# In the order a launch prefers them when the caller does not choose. The
+# platforms of other `torch.accelerator` device types join (before the CPU) when
+# first named: see `platform_named`.
 PLATFORMS: dict[str, Platform] = {
     platform.name: platform for platform in (CudaPlatform(), XlaPlatform(), CpuPlatform())
 }
 
 
 def platform_named(name: str) -> Platform:
-    """The platform called `name`, or a ValueError that lists the choices."""
-    try:
+    """The platform called `name`: "cuda", "xla", "cpu", an accelerator family torch
+    knows ("xpu", "npu", "mlu", "hpu", "musa", "sdaa", "mps"), or a device type
+    registered with torch in this process (a PrivateUse1 device). Anything else is a
+    ValueError that lists the choices."""
+    if isinstance(name, str) and name in PLATFORMS:
         return PLATFORMS[name]
-    except (KeyError, TypeError):
+    platform = _accelerator_platform(name) if isinstance(name, str) else None
+    if platform is None:
+        known = [*PLATFORMS, *(family for family in FAMILIES if family not in PLATFORMS)]
         raise ValueError(
-            f"backend={name!r} must be one of {', '.join(sorted(PLATFORMS))} (or None)."
-        ) from None
+            f"backend={name!r} is no device type torch knows here; choose one of "
+            f"{', '.join(known)}, a device type registered with torch, or None (this "
+            "machine's default)."
+        )
+    cpu = PLATFORMS.pop("cpu")
+    PLATFORMS[name] = platform
+    PLATFORMS["cpu"] = cpu
+    return platform
+
+
+def _accelerator_platform(name: str) -> Platform | None:
+    if name == "mps":
+        return MpsPlatform()
+    if name in FAMILIES:
+        return AcceleratorPlatform(name)
+    # A worker that starts in a fresh interpreter imports the package that
+    # registers the device before torch can know it.
+    package = os.environ.get(ENV_DEVICE_PACKAGE, "")
+    if package:
+        try:
+            importlib.import_module(package)
+        except Exception as error:  # noqa: BLE001 - a broken device package raises anything
+            raise RuntimeError(
+                f"backend={name!r}: its package {package} failed to import "
+                f"({type(error).__name__}: {error})."
+            ) from error
+    try:
+        module = torch.get_device_module(name)
+    except RuntimeError:  # not a device type of this torch
+        return None
+    return AcceleratorPlatform(name, package=registering_package(module))
 
 
 def offered_platforms(hardware: Hardware) -> list[str]:
     """The platforms this machine offers, the preferred first (CPU is always there)."""
+    if hardware.usable_accelerators is not None:
+        platform_named(hardware.usable_accelerators.device_type)
     return [name for name, platform in PLATFORMS.items() if platform.offered(hardware)]
 
 
 def default_platform(hardware: Hardware) -> Platform:
     """The platform a launch uses when the caller does not choose one."""
-    return PLATFORMS[hardware.accelerator]
+    return platform_named(hardware.accelerator)
+
+
+def known_device_packages() -> tuple[str, ...]:
+    """Every package (or dotted prefix) whose import may start a device's runtime."""
+    named = [package for platform in PLATFORMS.values() for package in platform.device_packages]
+    families = [family.package for family in FAMILIES.values() if family.package]
+    return tuple(dict.fromkeys([*named, *families]))
 
 
 def platform_for_process() -> Platform:
@@ -50,18 +105,50 @@ def platform_for_process() -> Platform:
     like a TPU one is never the answer.
     """
     if dist.is_available() and dist.is_initialized():
-        backend = dist.get_backend()
-        for platform in PLATFORMS.values():
-            if platform.process_group_backend == backend:
-                return platform
-        return PLATFORMS["cpu"]
+        return _platform_of_group(dist.get_backend())
     if torch.cuda.is_available():
         return PLATFORMS["cuda"]
     tpu = tpu_of_this_machine()
     if tpu is not None:
         check_tpu_in_process(tpu)
         return PLATFORMS["xla"]
+    found = detect_accelerators()
+    if found is not None and found.problem:
+        # Said, not silent: the person sees why their device is not used.
+        warnings.warn(
+            f"The {found.device_type} devices cannot be used: {found.problem}. "
+            "Training on the CPU.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    elif found is not None and found.count:
+        return platform_named(found.device_type)
     return PLATFORMS["cpu"]
+
+
+def _platform_of_group(backend: str) -> Platform:
+    """The platform of a process group made with `backend` ("nccl", "xccl", or
+    torch's "cpu:gloo,cuda:nccl" when the caller named none)."""
+    pairs = [part.split(":", 1) for part in backend.split(",") if ":" in part]
+    for device_type, _ in pairs:  # torch's default group: the device's own backend
+        if device_type != "cpu":
+            return platform_named(device_type)
+    for platform in PLATFORMS.values():
+        if platform.process_group_backend == backend:
+            return platform
+    found = detect_accelerators()
+    if found is not None and found.count and _backend_of(found.device_type) == backend:
+        return platform_named(found.device_type)
+    if backend in ("gloo", "mpi"):
+        return PLATFORMS["cpu"]
+    raise RuntimeError(
+        f"The process group's backend {backend!r} belongs to no device this toolkit "
+        "knows here; make the group with the device's backend (or gloo for the CPU)."
+    )
+
+
+def _backend_of(device_type: str) -> str:
+    return platform_named(device_type).process_group_backend
 
 
 @functools.cache
@@ -85,22 +172,26 @@ def detect_hardware() -> Hardware:
         xla=xla,
         cpu_cores=cpu_cores(),
         ram_bytes=psutil.virtual_memory().total,
+        accelerators=detect_accelerators(),
     )
 
 
 __all__ = [
     "PLATFORMS",
+    "AcceleratorPlatform",
     "CpuPlatform",
     "CudaPlatform",
     "DistributedType",
     "GpuInfo",
     "Hardware",
     "LaunchRefused",
+    "MpsPlatform",
     "Platform",
     "XlaInfo",
     "XlaPlatform",
     "default_platform",
     "detect_hardware",
+    "known_device_packages",
     "offered_platforms",
     "platform_for_process",
     "platform_named",

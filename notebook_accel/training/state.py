@@ -20,7 +20,7 @@ from notebook_accel.config import accelerate_env
 from notebook_accel.config.kwargs import InitProcessGroupKwargs
 from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.platforms.base import DistributedType, Platform
-from notebook_accel.platforms.registry import PLATFORMS, platform_for_process
+from notebook_accel.platforms.registry import PLATFORMS, platform_for_process, platform_named
 from notebook_accel.training import ops
 
 __all__ = ["AcceleratorState", "DistributedType", "PartialState", "ProcessState"]
@@ -99,12 +99,7 @@ def _platform(cpu: bool, launch: LaunchSettings | None) -> Platform:
         return PLATFORMS["cpu"]
     if launch is None:
         return platform_for_process()
-    if launch.backend not in PLATFORMS:
-        raise NotImplementedError(
-            f"The Accelerator has no {launch.backend!r} platform; "
-            f"available: {', '.join(PLATFORMS)}."
-        )
-    return PLATFORMS[launch.backend]
+    return platform_named(launch.backend)
 
 
 def _placement_key(platform: Platform) -> tuple:
@@ -202,7 +197,7 @@ class PartialState(_Place):
     @property
     def platform(self) -> Platform:
         """The device platform this process runs on (platforms/)."""
-        return PLATFORMS[self.platform_name]
+        return platform_named(self.platform_name)
 
     @property
     def debug(self) -> bool:

@@ -17,7 +17,12 @@ from typing import Any
 
 from notebook_accel.launch.options import OPTIONS, LaunchConfig
 from notebook_accel.platforms.hardware import Hardware
-from notebook_accel.platforms.registry import PLATFORMS, detect_hardware, offered_platforms
+from notebook_accel.platforms.registry import (
+    PLATFORMS,
+    detect_hardware,
+    offered_platforms,
+    platform_named,
+)
 from notebook_accel.views import format as fmt
 from notebook_accel.views.state import RunView
 
@@ -42,13 +47,14 @@ class PanelChoices:
     @classmethod
     def for_hardware(cls, hardware: Hardware) -> PanelChoices:
         backend = hardware.accelerator
-        gpus = [gpu.index for gpu in hardware.gpus] if PLATFORMS[backend].chooses_devices else []
+        platform = platform_named(backend)
+        gpus = [index for index, _ in hardware.device_choices] if platform.chooses_devices else []
         processes = len(gpus) or PLATFORMS["cpu"].default_num_processes(hardware)
         return cls(hardware, backend, gpus, max(processes, 1))
 
     @property
     def platform(self):
-        return PLATFORMS[self.backend]
+        return platform_named(self.backend)
 
     @property
     def on_cluster(self) -> bool:
@@ -123,11 +129,11 @@ class PanelChoices:
                 f"the configuration asks for backend {backend!r}, which this "
                 f"machine does not have (it has {', '.join(self.backends())})."
             )
-        problem = PLATFORMS[backend].precision_problem(config.mixed_precision, self.hardware)
+        problem = platform_named(backend).precision_problem(config.mixed_precision, self.hardware)
         if problem:
             raise ValueError(f"the configuration asks for {config.mixed_precision}: {problem}.")
-        if PLATFORMS[backend].chooses_devices:
-            known = {gpu.index for gpu in self.hardware.gpus}
+        if platform_named(backend).chooses_devices:
+            known = {index for index, _ in self.hardware.device_choices}
             gpus = (
                 config.devices
                 if config.devices is not None
@@ -136,7 +142,7 @@ class PanelChoices:
             missing = [index for index in gpus if index not in known]
             if missing:
                 raise ValueError(
-                    f"the configuration names GPU {missing}, which this machine does not have."
+                    f"the configuration names device {missing}, which this machine does not have."
                 )
             self.gpus = list(gpus)
         elif config.num_processes is not None:
@@ -155,7 +161,13 @@ def hardware_summary(hardware: Hardware) -> str:
         lines.append(f"GPU {gpu.index}: {gpu.name} ({fmt.size(gpu.memory_bytes)}{capability})")
     if hardware.tpu_cores:
         lines.append(f"TPU: {hardware.tpu_cores} cores")
-    if not hardware.gpus and not hardware.tpu_cores:
+    found = hardware.accelerators
+    if found is not None and found.problem:
+        lines.append(f"{found.device_type}: cannot be used: {found.problem}")
+    elif found is not None and found.count:
+        name = f" ({found.name})" if found.name else ""
+        lines.append(f"{found.device_type}: {found.count} device(s){name}")
+    if hardware.accelerator == "cpu":
         lines.append("No GPU or TPU: workers run on CPU cores (gloo).")
     return "<br>".join(escape(line) for line in lines)
 
@@ -235,11 +247,11 @@ class LaunchPanel:
         self.gpu_boxes = [
             w.Checkbox(
                 value=True,
-                description=f"GPU {gpu.index}",
+                description=label,
                 indent=False,
-                layout=w.Layout(width="90px"),
+                layout=w.Layout(width="110px"),
             )
-            for gpu in hw.gpus
+            for _, label in hw.device_choices
         ]
         self.processes = w.BoundedIntText(
             value=self.choices.num_processes,
@@ -379,8 +391,10 @@ class LaunchPanel:
         self.choices.ray_address = self.ray_address.value
         self.choices.backend = self.backend.value
         self.choices.gpus = [
-            gpu.index
-            for gpu, box in zip(self.choices.hardware.gpus, self.gpu_boxes, strict=True)
+            index
+            for (index, _), box in zip(
+                self.choices.hardware.device_choices, self.gpu_boxes, strict=True
+            )
             if box.value
         ]
         self.choices.num_processes = self.processes.value
@@ -413,8 +427,10 @@ class LaunchPanel:
             self.ray_address.disabled = running
             self.backend.value = choices.backend
             self.backend.layout.display = "" if here else "none"
-            for gpu, box in zip(choices.hardware.gpus, self.gpu_boxes, strict=True):
-                box.value = gpu.index in choices.gpus
+            for (index, _), box in zip(
+                choices.hardware.device_choices, self.gpu_boxes, strict=True
+            ):
+                box.value = index in choices.gpus
                 box.layout.display = "" if here and choices.platform.chooses_devices else "none"
                 box.disabled = running
             self.processes.value = choices.processes()
