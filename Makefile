@@ -6,7 +6,8 @@
 # Each creates what it needs on first use: .venv with the CPU build of torch
 # first (a plain `torch` requirement would pull the CUDA wheels, several GB),
 # then this package with its dev extras; for the tests also the experiment trackers
-# in .venv-trackers and Debian's chromium,
+# in .venv-trackers, the multi-device test accelerator (a C++ extension, cached
+# outside the checkout) and Debian's chromium,
 # through apt when it is missing and this runs as root (or sudo needs no
 # password). `.ci/run` calls `make test` too.
 # `make docs` builds the documentation site (mkdocs.yml, docs/) into site/, offline.
@@ -33,7 +34,7 @@ QUICK_LEAVES_OUT := tests/browser tests/launch/cluster tests/notebooks tests/doc
 	tests/torch_range \
 	tests/compat tests/test_binder.py
 
-.PHONY: demo test test-quick env browser trackers docs
+.PHONY: demo test test-quick env browser trackers testaccel docs
 
 demo: $(VENV)/.installed
 	$(BIN)/python -m notebook_accel.demo
@@ -41,7 +42,7 @@ demo: $(VENV)/.installed
 # The suite runs in TEST_WORKERS processes (pytest-xdist), each test file whole in one
 # of them (its module fixtures: a Ray cluster, a kernel, a site build are
 # made once).
-test: $(VENV)/.installed browser trackers
+test: $(VENV)/.installed browser trackers testaccel
 	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # For development only: CI runs `make test`, the whole proof.
@@ -67,6 +68,14 @@ $(VENV)/.installed: pyproject.toml
 # real-tracker tests (see tests/accelerator/tracker_env.py); reused once built.
 trackers: $(VENV)/.installed
 	timeout 900 $(BIN)/python tests/accelerator/tracker_env.py
+
+# The multi-device test accelerator (tests/testaccel): a C++ extension built with
+# torch's cpp_extension into a cache outside the checkout (about 20 s on 2 cores the
+# first time, reused after), before the test processes would race to build it.
+testaccel: $(VENV)/.installed
+	@command -v g++ >/dev/null || { echo "the test accelerator needs a C++ compiler:" \
+	    "apt-get install g++" >&2; exit 1; }
+	timeout 600 $(BIN)/python tests/testaccel/build.py
 
 # Bounded, so that a stuck mirror fails the run instead of hanging it.
 browser:
