@@ -90,7 +90,7 @@ def test_max_memory_below_the_largest_layer_names_it(caplog):
         ({"": "gpu"}, "'gpu' is not a device"),
         (
             {"embed": "cpu", "blocks": f"cuda:{MISSING_GPU}", "head": "cpu", "scale": "cpu"},
-            f"GPU {MISSING_GPU}",
+            f"names device {MISSING_GPU}",
         ),
     ],
 )

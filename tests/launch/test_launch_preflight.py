@@ -13,7 +13,7 @@ from notebook_accel import notebook_launcher, platforms
 from notebook_accel.launch import preflight
 from notebook_accel.launch.fresh import ENV_START_METHOD
 from notebook_accel.launch.launcher import fresh_start_message
-from notebook_accel.launch.preflight import holds_gpu_tensors, plan_launch
+from notebook_accel.launch.preflight import held_device_types, plan_launch
 from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda, cuda_origin
 from notebook_accel.platforms.cuda_origin import CudaOrigin
 from tests_support import live_children
@@ -45,7 +45,7 @@ def train(lr, epochs=1):
         ({"mixed_precision": "fp64"}, ValueError, "choose one of no, fp16, bf16, fp8"),
         ({"mixed_precision": "fp8"}, ValueError, "fp8 needs a CUDA GPU"),
         ({"num_procs": 2}, TypeError, "unknown option 'num_procs'. Did you mean 'num_processes'"),
-        ({"backend": "tpu"}, ValueError, "backend='tpu' must be one of cpu, cuda, xla"),
+        ({"backend": "tpu"}, ValueError, "backend='tpu' is no device type torch knows here"),
         ({"gradient_accumulation_steps": 0}, ValueError, "must be at least 1"),
         ({"node_rank": 2, "num_nodes": 2}, ValueError, "node_rank=2 must be below num_nodes=2"),
         ({"use_port": "http"}, ValueError, "use_port='http' must be a port number"),
@@ -54,7 +54,7 @@ def train(lr, epochs=1):
         ({"output": "rank0"}, ValueError, "output='rank0' must be one of all, main, none"),
         ({"num_processes": 1, "timeout": 5}, ValueError, "timeout= needs worker processes"),
         ({"max_restarts": 1, "num_nodes": 2}, ValueError, "max_restarts works on one machine"),
-        ({"devices": [0], "num_processes": None}, ValueError, "devices= chooses GPUs"),
+        ({"devices": [0], "num_processes": None}, ValueError, "devices= chooses accelerator devices"),
     ],
 )
 def test_bad_input_is_refused_before_anything_starts(options, error, message):
@@ -193,23 +193,23 @@ def test_a_cuda_driver_initialised_by_another_library_means_fresh_interpreters(m
 def test_cpu_workers_given_gpu_tensors_start_fresh(monkeypatch):
     monkeypatch.delenv(ENV_START_METHOD, raising=False)
     monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(preflight, "holds_gpu_tensors", lambda value: True)
+    monkeypatch.setattr(preflight, "held_device_types", lambda value: {"cuda"})
     plan = plan_launch(function=train, args=(0.1,), backend="cpu", num_processes=2)
-    assert plan.start_method == "forkserver" and "tensors on a GPU" in plan.fresh_start_reason
-    monkeypatch.setattr(preflight, "holds_gpu_tensors", lambda value: False)
+    assert plan.start_method == "forkserver" and "tensors on cuda" in plan.fresh_start_reason
+    monkeypatch.setattr(preflight, "held_device_types", lambda value: set())
     plan = plan_launch(function=train, args=(0.1,), backend="cpu", num_processes=2)
     assert plan.start_method == "fork"
 
 
 def test_gpu_tensors_are_found_in_containers_and_modules():
     cpu_only = {"model": torch.nn.Linear(2, 2), "data": [torch.ones(2), (1, "a")]}
-    assert not holds_gpu_tensors(cpu_only)
+    assert held_device_types(cpu_only) == set()
     meta = torch.nn.Linear(2, 2, device="meta")  # a device that is not a GPU either
-    assert not holds_gpu_tensors((meta,))
-    assert holds_gpu_tensors(({"batch": [torch.ones(2).as_subclass(OnGpu)]},))
+    assert held_device_types((meta,)) == set()
+    assert held_device_types(({"batch": [torch.ones(2).as_subclass(OnGpu)]},)) == {"cuda"}
     model = torch.nn.Linear(2, 2)
     model.register_buffer("scale", torch.ones(1).as_subclass(OnGpu))
-    assert holds_gpu_tensors(((model,), {}))
+    assert held_device_types(((model,), {})) == {"cuda"}
 
 
 class OnGpu(torch.Tensor):
