@@ -20,6 +20,7 @@ from torch import nn
 
 from notebook_accel import Accelerator, notebook_launcher
 from notebook_accel.launch.preflight import plan_launch
+from notebook_accel.launch.running import last_run
 from notebook_accel.platforms import detect_hardware, platform_for_process
 
 
@@ -63,6 +64,7 @@ def placement() -> dict:
         "in_kernel": str(Accelerator().device),
         "process_platform": platform_for_process().name,
         "four": notebook_launcher(where_am_i, num_processes=4, return_all=True),
+        "peak_bytes": [r.get("peak_gpu_bytes") for r in last_run().resources.values()],
         "chosen": notebook_launcher(where_am_i, devices=[1, 3], return_all=True),
         "too_many": error_of(plan_launch, function=where_am_i, num_processes=5),
         "fp16": error_of(plan_launch, function=where_am_i, mixed_precision="fp16"),

@@ -49,6 +49,8 @@ def test_rank_r_trains_on_device_r_and_the_launch_refuses_what_cannot_run():
         assert report["rank"] == rank and report["current_index"] == rank
         assert report["tensor"] == report["device"] and report["platform"] == "testaccel"
         assert report["backend"] == "testccl" and report["gathered"] == [0, 1, 2, 3]
+    # Each worker's peak device memory, read through torch.accelerator's memory API.
+    assert len(seen["peak_bytes"]) == 4 and all(peak > 0 for peak in seen["peak_bytes"])
     assert [r["device"] for r in seen["chosen"]] == ["testaccel:1", "testaccel:3"]
     assert (
         "num_processes=5 asks for one testaccel device per worker, but this machine has 4"
