@@ -15,6 +15,7 @@ runtime; the worker's half runs where the device is in use.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -23,7 +24,6 @@ import torch
 import torch.distributed as dist
 
 from notebook_accel.config.kwargs import InitProcessGroupKwargs
-from notebook_accel.platforms import probes
 from notebook_accel.platforms.base import Platform
 from notebook_accel.platforms.collectives import Collectives
 from notebook_accel.platforms.families import FAMILIES, DeviceFamily, family_of
@@ -262,6 +262,31 @@ def amp_precisions(device_type: str) -> tuple[str, ...]:
 
 
 # -- finding the devices without starting them ------------------------------------
+# The two probes below are what torch answers; the suite makes them answer as an
+# XPU, NPU, Mac (...) machine's torch does.
+
+
+def torch_accelerator() -> str | None:
+    """The device type of this process's accelerator as torch reports it ("cuda" for
+    CUDA and ROCm, "xpu", "mps", a PrivateUse1 device's name), or None on a CPU build.
+
+    torch answers from how it was built and which device plugins are loaded,
+    without starting a device runtime (it does not poison fork).
+    """
+    found = torch.accelerator.current_accelerator()
+    return None if found is None else found.type
+
+
+def accelerator_device_count(device_type: str) -> int:
+    """How many `device_type` devices this process sees, asked of torch's module for it."""
+    return int(torch.get_device_module(device_type).device_count())
+
+
+def _installed(package: str) -> bool:
+    try:
+        return importlib.util.find_spec(package) is not None
+    except (ImportError, ValueError):  # a parent package that is missing or broken
+        return False
 
 
 def import_device_packages() -> dict[str, str]:
@@ -276,8 +301,8 @@ def import_device_packages() -> dict[str, str]:
     named = os.environ.get(ENV_DEVICE_PACKAGE, "")
     packages = [family.package for family in FAMILIES.values() if family.package]
     for package in [*packages, *([named] if named else [])]:
-        if package in sys.modules or not probes.package_available(package):
-            if package == named and not probes.package_available(package):
+        if package in sys.modules or not _installed(package):
+            if package == named and not _installed(package):
                 failed[package] = f"ModuleNotFoundError: no module named {package!r}"
             continue
         try:
@@ -292,7 +317,7 @@ def detect_accelerators() -> AcceleratorDevices | None:
     (which is counted through NVML), or None. Starts no runtime where the device's
     count does not."""
     failed = import_device_packages()
-    device_type = probes.torch_accelerator()
+    device_type = torch_accelerator()
     if device_type in (None, "cuda"):
         if not failed:
             return None
@@ -303,7 +328,7 @@ def detect_accelerators() -> AcceleratorDevices | None:
             package=package,
             problem=f"its package {package} failed to import ({why})",
         )
-    count = probes.accelerator_device_count(device_type)
+    count = accelerator_device_count(device_type)
     family = family_of(device_type)
     module = _device_module(device_type)
     return AcceleratorDevices(

@@ -113,26 +113,6 @@ def _torch_device_available(attribute: str, package: str | None = None) -> bool:
     return bool(device is not None and device.is_available())
 
 
-def torch_accelerator() -> str | None:
-    """The device type of this process's accelerator as torch reports it ("cuda" for
-    CUDA and ROCm, "xpu", "mps", a PrivateUse1 device's name), or None on a CPU build.
-
-    torch answers from how it was built and which device plugins are loaded,
-    without starting a device runtime (it does not poison fork).
-    """
-    import torch
-
-    found = torch.accelerator.current_accelerator()
-    return None if found is None else found.type
-
-
-def accelerator_device_count(device_type: str) -> int:
-    """How many `device_type` devices this process sees, asked of torch's module for it."""
-    import torch
-
-    return int(torch.get_device_module(device_type).device_count())
-
-
 def is_xpu_available(check_device: bool = False) -> bool:
     """Whether an Intel XPU is usable through torch."""
     return _torch_device_available("xpu")

@@ -127,12 +127,16 @@ def platform_for_process() -> Platform:
 
 
 def _platform_of_group(backend: str) -> Platform:
-    """The platform of a process group made with `backend` ("nccl", "xccl", or
-    torch's "cpu:gloo,cuda:nccl" when the caller named none)."""
+    """The platform of a process group made with `backend` ("nccl", "xccl", ...;
+    torch's "cpu:gloo,cuda:nccl", or "undefined" when the caller named none and torch
+    chose per device)."""
     pairs = [part.split(":", 1) for part in backend.split(",") if ":" in part]
-    for device_type, _ in pairs:  # torch's default group: the device's own backend
-        if device_type != "cpu":
-            return platform_named(device_type)
+    if pairs or backend == "undefined":
+        device_types = [device_type for device_type, _ in pairs] or _accelerator_types()
+        for device_type in device_types:  # the device this process has
+            if device_type != "cpu" and _device_available(device_type):
+                return platform_named(device_type)
+        return PLATFORMS["cpu"]
     for platform in PLATFORMS.values():
         if platform.process_group_backend == backend:
             return platform
@@ -145,6 +149,18 @@ def _platform_of_group(backend: str) -> Platform:
         f"The process group's backend {backend!r} belongs to no device this toolkit "
         "knows here; make the group with the device's backend (or gloo for the CPU)."
     )
+
+
+def _accelerator_types() -> list[str]:
+    found = torch.accelerator.current_accelerator()
+    return [found.type] if found is not None else []
+
+
+def _device_available(device_type: str) -> bool:
+    try:
+        return bool(torch.get_device_module(device_type).is_available())
+    except (RuntimeError, AttributeError):  # no module for it in this process
+        return False
 
 
 def _backend_of(device_type: str) -> str:

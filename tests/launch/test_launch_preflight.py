@@ -45,7 +45,7 @@ def train(lr, epochs=1):
         ({"mixed_precision": "fp64"}, ValueError, "choose one of no, fp16, bf16, fp8"),
         ({"mixed_precision": "fp8"}, ValueError, "fp8 needs a CUDA GPU"),
         ({"num_procs": 2}, TypeError, "unknown option 'num_procs'. Did you mean 'num_processes'"),
-        ({"backend": "tpu"}, ValueError, "backend='tpu' is no device type torch knows here"),
+        ({"backend": "tpuu"}, ValueError, "backend='tpuu' is no device type torch knows here"),
         ({"gradient_accumulation_steps": 0}, ValueError, "must be at least 1"),
         ({"node_rank": 2, "num_nodes": 2}, ValueError, "node_rank=2 must be below num_nodes=2"),
         ({"use_port": "http"}, ValueError, "use_port='http' must be a port number"),

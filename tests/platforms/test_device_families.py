@@ -1,7 +1,8 @@
 """Every accelerator family torch reports goes through one platform.
 
 No XPU, NPU, MLU, HPU, MUSA, Mac or ROCm machine is at hand: here the probes
-(`torch_accelerator`, `accelerator_device_count`) answer as such a machine's
+(platforms/accelerator.py's `torch_accelerator` and `accelerator_device_count`; for
+ROCm, torch.version.hip and `is_rocm_available`) answer as such a machine's
 torch does, and the launcher, the panel, the command line's report and
 `Accelerator()` choose through the same code that runs real workers on the
 test accelerator (tests/platforms/test_test_accelerator.py).
@@ -23,6 +24,7 @@ from notebook_accel.platforms import (
     GpuInfo,
     Hardware,
     MpsPlatform,
+    accelerator,
     detect_hardware,
     platform_for_process,
     platform_named,
@@ -40,8 +42,8 @@ def train(lr=0.1):
 
 def answer_as(monkeypatch, device_type: str | None, count: int) -> Hardware:
     """Make this process's probes answer as a machine with `count` `device_type` devices."""
-    monkeypatch.setattr(probes, "torch_accelerator", lambda: device_type)
-    monkeypatch.setattr(probes, "accelerator_device_count", lambda kind: count)
+    monkeypatch.setattr(accelerator, "torch_accelerator", lambda: device_type)
+    monkeypatch.setattr(accelerator, "accelerator_device_count", lambda kind: count)
     return detect_hardware()
 
 
@@ -175,7 +177,7 @@ def test_a_device_package_that_fails_to_import_is_named_and_the_cpu_stays_usable
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "torch_npu", raising=False)
-    monkeypatch.setattr(probes, "torch_accelerator", lambda: None)
+    monkeypatch.setattr(accelerator, "torch_accelerator", lambda: None)
     hardware = detect_hardware()
     found = hardware.accelerators
     assert found.device_type == "npu" and found.package == "torch_npu"

@@ -1,5 +1,6 @@
-"""The test accelerator's own checks (device_checks.py), in a pytest process of their
-own: importing the device would make it the accelerator of every later test here."""
+"""The test accelerator's own checks (tests/testaccel/device_checks.py), in a pytest
+process of their own: importing the device would make it the accelerator of every
+later test here (so tests/conftest.py keeps pytest out of tests/testaccel)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-HERE = Path(__file__).resolve().parent
+HERE = Path(__file__).resolve().parent.parent / "testaccel"
 
 
 @pytest.mark.timeout(300)
