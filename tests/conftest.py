@@ -13,6 +13,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# Importing the test accelerator's package makes it this process's accelerator for
+# good: its checks run in processes of their own (tests/platforms/test_test_accelerator.py).
+collect_ignore = ["testaccel"]
+
 from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
 from notebook_accel.launch.runs.directory import ENV_RUNS_DIR, RunDirectory  # noqa: E402
 from notebook_accel.launch.template import shutdown_template  # noqa: E402
