@@ -71,9 +71,6 @@ class AcceleratorPlatform(Platform):
         found = self._devices(hardware)
         return found.count if found is not None and not found.problem else 0
 
-    def device_indices(self, hardware: Hardware) -> list[int]:
-        return list(range(self.device_count(hardware)))
-
     def check_available(self, hardware: Hardware) -> None:
         found = self._devices(hardware)
         if found is not None and found.problem:
@@ -127,7 +124,7 @@ class AcceleratorPlatform(Platform):
 
     def runtime_initialised(self) -> bool:
         """Whether this process has started the device's runtime (never starts it)."""
-        module = _device_module(self.name)
+        module = device_module_of(self.name)
         is_initialized = getattr(module, "is_initialized", None)
         return bool(is_initialized is not None and is_initialized())
 
@@ -141,7 +138,7 @@ class AcceleratorPlatform(Platform):
 
     def device_module(self) -> Any:
         """torch's module for this device type (torch.xpu, torch.npu, ...)."""
-        module = _device_module(self.name)
+        module = device_module_of(self.name)
         if module is None:
             raise RuntimeError(
                 f"torch has no {self.name!r} device in this process"
@@ -215,7 +212,7 @@ class AcceleratorPlatform(Platform):
             torch.accelerator.empty_cache()
 
     def manual_seed(self, seed: int) -> None:
-        module = _device_module(self.name)
+        module = device_module_of(self.name)
         if module is not None and hasattr(module, "manual_seed_all"):
             module.manual_seed_all(seed)
 
@@ -226,11 +223,12 @@ class AcceleratorPlatform(Platform):
         return {self.name: self.device_module().get_rng_state_all()}
 
     def set_rng_states(self, states: dict[str, Any]) -> None:
-        if self.name in states and _device_module(self.name) is not None:
+        if self.name in states and device_module_of(self.name) is not None:
             self.device_module().set_rng_state_all(states[self.name])
 
 
-def _device_module(device_type: str) -> Any:
+def device_module_of(device_type: str) -> Any:
+    """torch's module for `device_type` (torch.xpu, ...), or None where torch has none."""
     try:
         return torch.get_device_module(device_type)
     except (RuntimeError, AttributeError):  # a device type torch has no module for here
@@ -253,7 +251,7 @@ def amp_precisions(device_type: str) -> tuple[str, ...]:
     """The lower precisions torch's autocast takes on `device_type`, as its device module
     says (`get_amp_supported_dtype`, which torch.autocast asks too); the family's
     table where the module does not say."""
-    module = _device_module(device_type)
+    module = device_module_of(device_type)
     supported = getattr(module, "get_amp_supported_dtype", None)
     if supported is None:
         return family_of(device_type).precisions
@@ -301,15 +299,25 @@ def import_device_packages() -> dict[str, str]:
     named = os.environ.get(ENV_DEVICE_PACKAGE, "")
     packages = [family.package for family in FAMILIES.values() if family.package]
     for package in [*packages, *([named] if named else [])]:
-        if package in sys.modules or not _installed(package):
-            if package == named and not _installed(package):
+        if package in sys.modules:
+            continue
+        if not _installed(package):
+            if package == named:
                 failed[package] = f"ModuleNotFoundError: no module named {package!r}"
             continue
-        try:
-            importlib.import_module(package)
-        except Exception as error:  # noqa: BLE001 - a broken runtime raises anything
-            failed[package] = f"{type(error).__name__}: {error}"
+        error = import_error(package)
+        if error:
+            failed[package] = error
     return failed
+
+
+def import_error(package: str) -> str:
+    """Import `package`; "" when that worked, else the error in words."""
+    try:
+        importlib.import_module(package)
+    except Exception as error:  # noqa: BLE001 - a broken device runtime raises anything
+        return f"{type(error).__name__}: {error}"
+    return ""
 
 
 def detect_accelerators() -> AcceleratorDevices | None:
@@ -330,7 +338,7 @@ def detect_accelerators() -> AcceleratorDevices | None:
         )
     count = accelerator_device_count(device_type)
     family = family_of(device_type)
-    module = _device_module(device_type)
+    module = device_module_of(device_type)
     return AcceleratorDevices(
         device_type,
         count=count,

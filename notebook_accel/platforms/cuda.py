@@ -46,9 +46,6 @@ class CudaPlatform(AcceleratorPlatform):
     def device_count(self, hardware: Hardware) -> int:
         return len(hardware.gpus)
 
-    def device_indices(self, hardware: Hardware) -> list[int]:
-        return [gpu.index for gpu in hardware.gpus]
-
     def check_available(self, hardware: Hardware) -> None:
         pass  # a launch with no GPU says so when it counts them (preflight)
 

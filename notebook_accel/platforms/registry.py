@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import os
 import warnings
 
@@ -14,6 +13,8 @@ from notebook_accel.platforms.accelerator import (
     ENV_DEVICE_PACKAGE,
     AcceleratorPlatform,
     detect_accelerators,
+    device_module_of,
+    import_error,
     registering_package,
 )
 from notebook_accel.platforms.base import DistributedType, LaunchRefused, Platform
@@ -61,17 +62,11 @@ def _accelerator_platform(name: str) -> Platform | None:
     # A worker that starts in a fresh interpreter imports the package that
     # registers the device before torch can know it.
     package = os.environ.get(ENV_DEVICE_PACKAGE, "")
-    if package:
-        try:
-            importlib.import_module(package)
-        except Exception as error:  # noqa: BLE001 - a broken device package raises anything
-            raise RuntimeError(
-                f"backend={name!r}: its package {package} failed to import "
-                f"({type(error).__name__}: {error})."
-            ) from error
-    try:
-        module = torch.get_device_module(name)
-    except RuntimeError:  # not a device type of this torch
+    error = import_error(package) if package else ""
+    if error:
+        raise RuntimeError(f"backend={name!r}: its package {package} failed to import ({error}).")
+    module = device_module_of(name)
+    if module is None:  # not a device type of this torch
         return None
     return AcceleratorPlatform(name, package=registering_package(module))
 
@@ -157,10 +152,8 @@ def _accelerator_types() -> list[str]:
 
 
 def _device_available(device_type: str) -> bool:
-    try:
-        return bool(torch.get_device_module(device_type).is_available())
-    except (RuntimeError, AttributeError):  # no module for it in this process
-        return False
+    module = device_module_of(device_type)
+    return bool(module is not None and module.is_available())
 
 
 def _backend_of(device_type: str) -> str:

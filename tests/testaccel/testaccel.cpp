@@ -223,6 +223,21 @@ using c10::CachingDeviceAllocator::DeviceStats;
 
 void delete_block(void* ptr);
 
+// Host memory for `nbytes`, rounded up to whole aligned blocks; `what` names it in
+// the out-of-memory error.
+void* aligned_host_memory(size_t nbytes, const std::string& what) {
+  void* ptr = nullptr;
+  size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
+  TORCH_CHECK_WITH(
+      OutOfMemoryError,
+      posix_memalign(&ptr, kAlignment, rounded) == 0,
+      "testaccel: could not allocate ",
+      nbytes,
+      " ",
+      what);
+  return ptr;
+}
+
 struct Allocator final : public c10::DeviceAllocator {
   std::mutex mutex;
   std::unordered_map<void*, std::pair<size_t, DeviceIndex>> blocks;
@@ -236,15 +251,8 @@ struct Allocator final : public c10::DeviceAllocator {
     if (nbytes == 0) {
       return c10::DataPtr(nullptr, nullptr, &delete_block, device);
     }
-    void* ptr = nullptr;
-    size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-    TORCH_CHECK_WITH(
-        OutOfMemoryError,
-        posix_memalign(&ptr, kAlignment, rounded) == 0,
-        "testaccel: could not allocate ",
-        nbytes,
-        " bytes on device ",
-        static_cast<int>(index));
+    void* ptr = aligned_host_memory(
+        nbytes, "bytes on device " + std::to_string(static_cast<int>(index)));
     {
       std::lock_guard<std::mutex> lock(mutex);
       blocks.emplace(ptr, std::make_pair(nbytes, index));
@@ -381,13 +389,7 @@ struct PinnedAllocator final : public c10::Allocator {
   c10::DataPtr allocate(size_t nbytes) override {
     void* ptr = nullptr;
     if (nbytes > 0) {
-      size_t rounded = (nbytes + kAlignment - 1) / kAlignment * kAlignment;
-      TORCH_CHECK_WITH(
-          OutOfMemoryError,
-          posix_memalign(&ptr, kAlignment, rounded) == 0,
-          "testaccel: could not allocate ",
-          nbytes,
-          " pinned bytes");
+      ptr = aligned_host_memory(nbytes, "pinned bytes");
       std::lock_guard<std::mutex> lock(mutex);
       blocks.insert(ptr);
     }
