@@ -22,7 +22,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "training": {"config", "platforms", "reporting", "internals"},
     "checkpoint": {"config", "training"},
     "accelerator": {"config", "platforms", "reporting", "training", "checkpoint", "big_modeling"},
-    "big_modeling": {"training", "internals"},
+    "big_modeling": {"training", "platforms", "internals"},
     "views": {"reporting"},
     "launch": {"config", "platforms", "reporting", "training", "views"},
     "live": {"config", "platforms", "reporting", "training", "views", "launch", "internals"},

@@ -20,7 +20,7 @@ Accelerate's `accelerate.big_modeling` names (and the device-map helpers of
     pipeline.py    prepare_pippy: one pipeline stage per launched worker
     unwrap.py      extract_model_from_parallel
 
-May import: training.
+May import: training, platforms (what a device index means).
 """
 
 from __future__ import annotations

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import torch
 
+from notebook_accel.platforms.accelerator import torch_accelerator
+
 
 def index_device_type() -> str | None:
     """The device type integers name here ("cuda", "xpu", ...), or None when this
     process has no accelerator that takes indices (a CPU build, or Apple's one MPS)."""
-    found = torch.accelerator.current_accelerator()
-    if found is None or found.type == "mps":
-        return None
-    return found.type
+    found = torch_accelerator()
+    return None if found in (None, "mps") else found
 
 
 def index_device_count() -> int:

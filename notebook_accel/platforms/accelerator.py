@@ -148,7 +148,7 @@ class AcceleratorPlatform(Platform):
         return module
 
     def process_hardware(self) -> Hardware:
-        index = torch.accelerator.current_device_index()
+        index = self.current_index()
         found = AcceleratorDevices(
             self.name,
             count=1,
@@ -167,8 +167,13 @@ class AcceleratorPlatform(Platform):
                 f"{self.device_noun}(s). Start at most one process per {self.device_noun}, or "
                 "pass cpu=True to train on the CPU."
             )
-        torch.accelerator.set_device_index(index)
+        self.device_module().set_device(index)
         return torch.device(self.name, index)
+
+    def current_index(self) -> int:
+        """The index of this process's current device of this type (asked of the device's
+        own module: on a CUDA build torch.accelerator would answer for CUDA)."""
+        return int(self.device_module().current_device())
 
     def join(self, init_kwargs: InitProcessGroupKwargs) -> None:
         if not self.process_group_backend:
@@ -187,7 +192,7 @@ class AcceleratorPlatform(Platform):
     def _staging_device(self) -> torch.device | None:
         if dist.get_backend() != self.process_group_backend:
             return None  # a gloo group (InitProcessGroupKwargs) moves CPU tensors
-        return torch.device(self.name, torch.accelerator.current_device_index())
+        return torch.device(self.name, self.current_index())
 
     def ddp_kwargs(self, device: torch.device) -> dict[str, Any]:
         return {"device_ids": [device.index], "output_device": device.index}
@@ -195,7 +200,7 @@ class AcceleratorPlatform(Platform):
     def barrier(self) -> None:
         if dist.get_backend() == self.process_group_backend:
             # Without device_ids a device backend guesses the device (and nccl warns).
-            dist.barrier(device_ids=[torch.accelerator.current_device_index()])
+            dist.barrier(device_ids=[self.current_index()])
         else:
             dist.barrier()
 
@@ -205,11 +210,11 @@ class AcceleratorPlatform(Platform):
     def peak_device_bytes(self) -> int | None:
         if not self.runtime_initialised():
             return None
-        return torch.accelerator.max_memory_allocated(torch.accelerator.current_device_index())
+        return int(self.device_module().max_memory_allocated(self.current_index()))
 
     def empty_cache(self) -> None:
         if self.runtime_initialised():
-            torch.accelerator.empty_cache()
+            self.device_module().empty_cache()
 
     def manual_seed(self, seed: int) -> None:
         module = device_module_of(self.name)
@@ -272,7 +277,14 @@ def torch_accelerator() -> str | None:
     without starting a device runtime (it does not poison fork).
     """
     found = torch.accelerator.current_accelerator()
-    return None if found is None else found.type
+    kind = None if found is None else found.type
+    # A CUDA build reports "cuda" even where an out-of-tree device (PrivateUse1) is
+    # registered and no GPU is visible: then that device is this process's accelerator.
+    # torch.cuda.device_count() asks NVML first, so it does not poison fork either.
+    private = torch._C._get_privateuse1_backend_name()
+    if kind == "cuda" and private != "privateuseone" and torch.cuda.device_count() == 0:
+        return private if device_module_of(private) is not None else kind
+    return kind
 
 
 def accelerator_device_count(device_type: str) -> int:

@@ -24,7 +24,13 @@ pytestmark = pytest.mark.timeout(300)
 
 def run_scenario(name: str) -> dict:
     path = os.pathsep.join([str(TESTS), str(TESTS.parent), os.environ.get("PYTHONPATH", "")])
-    env = {**os.environ, "PYTHONPATH": path, "NOTEBOOK_ACCEL_TEST_DEVICES": "4"}
+    # On a GPU machine the GPUs are hidden: these workers must run on the test devices.
+    env = {
+        **os.environ,
+        "PYTHONPATH": path,
+        "NOTEBOOK_ACCEL_TEST_DEVICES": "4",
+        "CUDA_VISIBLE_DEVICES": "",
+    }
     env.pop("NOTEBOOK_ACCEL_START_METHOD", None)
     result = subprocess.run(
         [sys.executable, str(HERE / "accelerator_scenario.py"), name],
