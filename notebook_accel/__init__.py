@@ -7,19 +7,16 @@ fast and does not import torch, ipywidgets or rich until they are needed.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+import sys
+from typing import TYPE_CHECKING, Any
 
-from notebook_accel._lazy import lazy_exports
-from notebook_accel.platforms import cuda_origin
+# This file imports none of the package's modules: see _lazy.py for why.
 
 __version__ = "0.1.0"
 
 # torch.cuda.is_available() then asks NVML instead of initialising the CUDA
 # driver, so a kernel that checks for GPUs can still fork CUDA workers.
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
-# Remember where this process first starts CUDA: if a cell (or a library it
-# imports) does so before a launch, the launch can name the line.
-cuda_origin.watch()
 
 # public name -> module that defines it
 _EXPORTS = {
@@ -156,4 +153,53 @@ if TYPE_CHECKING:
     from notebook_accel.ui.panel import LaunchPanel, panel
 
 
-__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
+def __getattr__(name: str) -> Any:
+    from notebook_accel._lazy import resolve
+
+    return resolve(__name__, _EXPORTS, name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _WatchCudaStarts:
+    """Remember where this process first starts CUDA, so that a launch after a cell (or
+    a library it imported) started it can name the line: platforms/cuda_origin.py
+    watches from the moment torch.cuda is imported, or, when it was imported before
+    this package, from the first call that starts CUDA. Either moment comes after
+    this file ran, so cuda_origin is imported then, not now."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "torch.cuda":
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        from notebook_accel.platforms import cuda_origin
+
+        return cuda_origin.watched_torch_cuda_spec(name, path, target)
+
+    @staticmethod
+    def install() -> None:
+        cuda = sys.modules.get("torch.cuda")
+        if cuda is None:
+            sys.meta_path.insert(0, _WatchCudaStarts())
+            return
+        start = getattr(cuda, "_lazy_init", None)
+        if start is None or cuda.is_initialized():
+            return  # cuda_origin, once imported, says it started before the package
+
+        def lazy_init(*args: Any, **kwargs: Any) -> Any:
+            from notebook_accel.platforms import cuda_origin
+
+            if cuda._lazy_init is lazy_init:
+                cuda._lazy_init = start
+            cuda_origin.watch()
+            return cuda._lazy_init(*args, **kwargs)
+
+        lazy_init.__wrapped__ = start
+        lazy_init.starts_cuda_watch = True
+        cuda._lazy_init = lazy_init
+
+
+_WatchCudaStarts.install()

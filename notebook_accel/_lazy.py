@@ -1,4 +1,10 @@
-"""Public names imported on first use, for the package and `notebook_accel.utils`."""
+"""Public names imported on first use, for the package and its re-exporting modules.
+
+A package's `__init__` that imports its own modules can deadlock against a thread that
+imports one of those modules first: each takes the module locks in the other's order
+(python/cpython#83065, fixed in Python 3.15). So no `__init__` of this package imports
+its own modules when it runs; they re-export through these lazy names instead.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +12,17 @@ import importlib
 import sys
 from collections.abc import Callable
 from typing import Any
+
+
+def resolve(module_name: str, exports: dict[str, str], name: str) -> Any:
+    """The public `name` of `module_name`, imported from its defining module in
+    `exports` (public name -> module) and kept in the module's globals."""
+    defining = exports.get(name)
+    if defining is None:
+        raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(defining), name)
+    vars(sys.modules[module_name])[name] = value
+    return value
 
 
 def lazy_exports(
@@ -19,12 +36,7 @@ def lazy_exports(
     namespace = vars(sys.modules[module_name])
 
     def __getattr__(name: str) -> Any:
-        defining = exports.get(name)
-        if defining is None:
-            raise AttributeError(f"module {module_name!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(defining), name)
-        namespace[name] = value
-        return value
+        return resolve(module_name, exports, name)
 
     def __dir__() -> list[str]:
         return sorted(set(namespace) | set(exports))

@@ -36,6 +36,8 @@ PUBLIC_FACE = {
     *("logging", "local_sgd", "tracking", "state", "hooks", "data_loader"),
     *("text", "footprint"),
 }
+# Root modules every layer may use: they import only the standard library.
+ROOT_UTILITIES = {"notebook_accel._lazy"}
 
 
 def module_names() -> dict[str, Path]:
@@ -132,6 +134,8 @@ def test_packages_import_only_the_layers_below_them():
             continue
         for target in targets:
             destination = package_of(target)
+            if destination is None and target in ROOT_UTILITIES:
+                continue
             if destination is None and target != "notebook_accel":
                 wrong.append(f"{module} imports the root's {target}")
             elif target == "notebook_accel":
@@ -151,3 +155,45 @@ def test_every_package_is_in_the_layers_and_says_what_it_holds():
 
 def test_the_root_holds_the_public_face_only():
     assert {path.stem for path in PACKAGE.glob("*.py")} == PUBLIC_FACE
+
+
+def runtime_imports_of_init(path: Path, package: str) -> list[str]:
+    """The package's modules an `__init__.py` imports when it runs: its top-level import
+    statements, less those under `if TYPE_CHECKING:` (functions run later)."""
+    found = []
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            continue
+        for inner in ast.walk(node):
+            if isinstance(inner, ast.ImportFrom) and inner.level:
+                found.append("." * inner.level + (inner.module or ""))
+            elif isinstance(inner, ast.ImportFrom) and inner.module:
+                found.append(inner.module)
+            elif isinstance(inner, ast.Import):
+                found += [alias.name for alias in inner.names]
+            if isinstance(inner, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                break
+    return [name for name in found if name.startswith(".") or name.startswith(package + ".")]
+
+
+def test_no_package_imports_its_own_modules_when_it_is_imported():
+    """A package whose `__init__` imports its own modules can deadlock against a thread
+    that imports one of them first (python/cpython#83065; tests/test_import_race.py
+    races it): packages re-export lazily (notebook_accel/_lazy.py)."""
+    wrong = []
+    for name, path in module_names().items():
+        if path.name == "__init__.py":
+            wrong += [f"{name} imports {target}" for target in runtime_imports_of_init(path, name)]
+    assert wrong == []
+
+
+def test_the_init_import_finder_sees_what_runs_and_not_what_waits(tmp_path: Path):
+    path = tmp_path / "__init__.py"
+    path.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "from pkg.a import b\n"
+        "import other\n"
+        "if TYPE_CHECKING:\n    from pkg.c import d\n"
+        "def later():\n    from pkg.e import f\n"
+    )
+    assert runtime_imports_of_init(path, "pkg") == ["pkg.a"]

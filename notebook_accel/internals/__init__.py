@@ -26,7 +26,18 @@ May import: nothing of the package (the lowest layer: torch only).
 
 from __future__ import annotations
 
-from notebook_accel.internals.api import PrivateApi, TorchInternalMissing
+from typing import TYPE_CHECKING
+
+from notebook_accel._lazy import lazy_exports
+
+# public name -> module that defines it (imported on first use: see _lazy.py)
+_EXPORTS = {
+    "PrivateApi": "notebook_accel.internals.api",
+    "TorchInternalMissing": "notebook_accel.internals.api",
+}
+
+if TYPE_CHECKING:
+    from notebook_accel.internals.api import PrivateApi, TorchInternalMissing
 
 __all__ = ["PrivateApi", "TorchInternalMissing", "all_apis", "missing"]
 
@@ -49,3 +60,6 @@ def _present(api: PrivateApi) -> bool:
         return bool(api.present())
     except Exception:  # noqa: BLE001 - an import or attribute that fails is a missing API
         return False
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -9,8 +9,23 @@
 May import: config, platforms, reporting, training, views, launch.
 """
 
-from notebook_accel.live.group import GroupEnded, LiveWorkers
-from notebook_accel.live.start import start_workers
-from notebook_accel.live.values import ValueOnWorker
+from typing import TYPE_CHECKING
+
+from notebook_accel._lazy import lazy_exports
+
+# public name -> module that defines it (imported on first use: see _lazy.py)
+_EXPORTS = {
+    "GroupEnded": "notebook_accel.live.group",
+    "LiveWorkers": "notebook_accel.live.group",
+    "start_workers": "notebook_accel.live.start",
+    "ValueOnWorker": "notebook_accel.live.values",
+}
+
+if TYPE_CHECKING:
+    from notebook_accel.live.group import GroupEnded, LiveWorkers
+    from notebook_accel.live.start import start_workers
+    from notebook_accel.live.values import ValueOnWorker
 
 __all__ = ["GroupEnded", "LiveWorkers", "ValueOnWorker", "start_workers"]
+
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)

@@ -105,7 +105,8 @@ def origin() -> CudaOrigin | None:
 def watch() -> None:
     """Start remembering where CUDA starts in this process (once; cheap).
 
-    Called when notebook_accel's launcher or platforms are imported. If torch
+    Called when notebook_accel's launcher or platforms are imported (and by the
+    package's import, at the first moment it can: notebook_accel/__init__.py). If torch
     is not imported yet, nothing can have started CUDA through it: the wrapper
     goes in when torch.cuda is first imported.
     """
@@ -119,11 +120,33 @@ def watch() -> None:
         sys.meta_path.insert(0, _TorchCudaFinder())
 
 
+def watched_torch_cuda_spec(name: str, path: Any, target: Any = None) -> Any:
+    """The spec of torch.cuda, being imported now, whose loading ends with the watch
+    in place (for a finder on sys.meta_path)."""
+    global _watching
+    _watching = True
+    from importlib.machinery import PathFinder
+
+    spec = PathFinder.find_spec(name, path, target)
+    if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
+    execute = spec.loader.exec_module
+
+    def exec_module(module: Any) -> None:
+        execute(module)
+        _wrap(module)
+
+    spec.loader.exec_module = exec_module
+    return spec
+
+
 def _wrap(cuda: Any) -> None:
     if cuda.is_initialized():
         _record(_before_watching())
         return
     original = internal_cuda.lazy_init(cuda)
+    if getattr(original, "starts_cuda_watch", False):
+        original = original.__wrapped__  # the package's import put a starter there
 
     def lazy_init(*args: Any, **kwargs: Any) -> Any:
         if _origin is not None or cuda.is_initialized():
@@ -148,19 +171,7 @@ class _TorchCudaFinder:
             return None
         with contextlib.suppress(ValueError):
             sys.meta_path.remove(self)
-        from importlib.machinery import PathFinder
-
-        spec = PathFinder.find_spec(name, path, target)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        execute = spec.loader.exec_module
-
-        def exec_module(module: Any) -> None:
-            execute(module)
-            _wrap(module)
-
-        spec.loader.exec_module = exec_module
-        return spec
+        return watched_torch_cuda_spec(name, path, target)
 
 
 def _before_watching() -> CudaOrigin:

@@ -150,3 +150,27 @@ def test_the_users_line_is_named_when_the_package_itself_started_cuda(runtime_di
     found = cuda_origin._from_stack(traceback.StackSummary.from_list([user, package]))
     assert found.library is None
     assert found.describe() == f"at {__file__}:7: accelerator = Accelerator()"
+
+
+def test_watching_starts_at_the_first_start_when_torch_came_before_the_package(runtime_dir):
+    """`import torch` then `import notebook_accel`: the package imports none of its modules
+    when imported (notebook_accel/_lazy.py), yet the first start of CUDA is named."""
+    code = (
+        "import sys, torch\n"
+        "started = []\n"
+        "torch.cuda.is_initialized = lambda: bool(started)\n"  # this machine may have no GPU
+        "torch.cuda._lazy_init = lambda: started.append(1)\n"
+        "import notebook_accel\n"
+        "assert 'notebook_accel.platforms.cuda_origin' not in sys.modules\n"
+        "def cell():\n"
+        "    torch.cuda._lazy_init()\n"
+        "cell()\n"
+        "from notebook_accel.platforms import cuda_origin\n"
+        "print(cuda_origin.origin().describe())\n"
+    )
+    env = {**os.environ, cuda_origin.ENV_RUNTIME_DIR: str(runtime_dir)}
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "at <string>:8", done.stdout
