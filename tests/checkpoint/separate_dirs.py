@@ -3,10 +3,11 @@
 `train` runs in every worker: 3 epochs of a small model with dropout on a
 shuffled, seedable loader (6 steps per epoch whatever the world size), saving
 and resuming as its arguments say. Each process saves into `base`, or into
-`base/rank<N>` with `per_rank=True`; a test gives each loopback "node" its own
-`base`. With `fsdp=True` the model is sharded (FSDP2) instead of replicated
-(DDP). Runs that stop, crash or restart somewhere must end with the weights of
-a run that never stopped, bit for bit.
+`base/rank<N>` with `per_rank=True`, or with `node_size` one directory per
+group of processes as nodes would; a test of two launcher processes gives each
+loopback "node" its own `base`. With `fsdp=True` the model is sharded (FSDP2)
+instead of replicated (DDP). Runs that stop, crash or restart somewhere must
+end with the weights of a run that never stopped, bit for bit.
 """
 
 from __future__ import annotations
@@ -47,9 +48,13 @@ class StepCounter:
         self.steps = state["steps"]
 
 
-def directory(base: str | Path, per_rank: bool) -> Path:
-    """Where this process saves."""
-    return Path(base) / f"rank{os.environ.get('RANK', '0')}" if per_rank else Path(base)
+def directory(base: str | Path, per_rank: bool, node_size: int | None = None) -> Path:
+    """Where this process saves: `base`, `base/rank<N>` with `per_rank`, or with
+    `node_size` `base/node<N // node_size>`, as nodes of that many processes would."""
+    rank = int(os.environ.get("RANK", "0"))
+    if node_size:
+        return Path(base) / f"node{rank // node_size}"
+    return Path(base) / f"rank{rank}" if per_rank else Path(base)
 
 
 def kill_in_commit(rank: int, target: str, nth: int, once_exists: list[str]):
@@ -82,6 +87,7 @@ def train(
     save_every: int | None = None,
     kill: dict | None = None,
     fsdp: bool = False,
+    node_size: int | None = None,
 ) -> dict | None:
     """Train 3 epochs, resuming from what this process's directory holds.
 
@@ -91,8 +97,9 @@ def train(
     `kill_in_commit`.
     fsdp: shard the model with FSDP2 (every submodule of 16 parameters or more
     its own group); the weights returned are then the whole ones.
+    node_size: the processes save in groups of that many, one directory each.
     """
-    folder = directory(base, per_rank)
+    folder = directory(base, per_rank, node_size)
     set_seed(0, device_specific=True)  # each rank its own dropout masks
     accelerator = Accelerator(
         fsdp_plugin=FullyShardedDataParallelPlugin(min_num_params=16) if fsdp else None,

@@ -5,9 +5,11 @@ temporary directory; machines without a shared file system are the same case.
 Each directory holds its process's own files; the main process's (and with
 save_on_each_node every one) the weights and the rest; a resume is bit for
 bit; a kill while the directories are committed leaves the previous save
-loadable from every directory; directories of two different saves are
+loadable from every directory, and with automatic naming the half-committed
+checkpoint_N is passed over; directories of two different saves are
 refused on every process before anything changes. (Sharded models:
-test_sharded_separate_directories.py.)
+test_sharded_separate_directories.py; two launcher processes as two nodes:
+test_two_nodes.py.)
 """
 
 from __future__ import annotations
@@ -21,7 +23,12 @@ import separate_dirs
 import torch
 
 from notebook_accel import Accelerator, CheckpointError, WorkerError, notebook_launcher
-from notebook_accel.checkpoint.training_state import MANIFEST, _choose_save, _saved_id
+from notebook_accel.checkpoint.training_state import (
+    MANIFEST,
+    _choose_save,
+    _saved_id,
+    list_checkpoints,
+)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -104,6 +111,37 @@ def test_a_kill_while_the_directories_are_committed_leaves_the_previous_save_eve
         assert separate_dirs.same_weights(result["weights"], weights)
     for folder in (rank0, rank1):  # put back, then replaced by later saves; nothing left over
         assert sorted(p.name for p in folder.iterdir()) == ["state"]
+
+
+@pytest.mark.timeout(300)
+def test_a_half_committed_checkpoint_n_is_passed_over_and_numbering_goes_on_after_it(
+    tmp_path, reference
+):
+    checkpoints = [tmp_path / f"rank{rank}" / "checkpoints" for rank in (0, 1)]
+    # Rank 1 dies right before committing checkpoint_1 (step 6), once rank 0 has
+    # committed it: only rank 0's directory holds the new save.
+    kill = {
+        "rank": 1,
+        "target": "checkpoint_1",
+        "nth": 1,
+        "once_exists": [str(checkpoints[0] / "checkpoint_1" / MANIFEST)],
+    }
+    options = {"per_rank": True, "save_every": 3}
+    with pytest.raises(WorkerError) as failure:
+        _launch(separate_dirs.train, str(tmp_path), kill=kill, **options)
+    assert failure.value.rank == 1 and failure.value.exitcode == -signal.SIGKILL
+    names = [[p.name for p in list_checkpoints(folder)] for folder in checkpoints]
+    assert names == [["checkpoint_0", "checkpoint_1"], ["checkpoint_0"]]
+    saves = {_saved_id(folder / "checkpoint_0") for folder in checkpoints}
+    assert len(saves) == 1 and None not in saves  # the previous save, whole in both
+
+    # Each directory's newest is another checkpoint; they agree on checkpoint_0.
+    resumed = _launch(separate_dirs.train, str(tmp_path), **options)
+    for result, weights in zip(resumed, reference, strict=True):
+        assert separate_dirs.same_weights(result["weights"], weights)
+    # Numbering went on after the half-committed checkpoint_1 (saves at 6, ..., 18).
+    after = [f"checkpoint_{n}" for n in range(2, 7)]
+    assert [p.name for p in list_checkpoints(checkpoints[1])] == ["checkpoint_0", *after]
 
 
 def _save_twice(base):

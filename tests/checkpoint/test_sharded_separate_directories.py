@@ -1,12 +1,13 @@
 """Sharded (FSDP2) checkpoints whose processes save into directories of their own.
 
 2 CPU workers shard `separate_dirs.train`'s model, each saving into its own
-directory: each writes its own shards (weights and AdamW state, `step`
-included) where it was told, in a form it loads back by itself. A resume mid
-training ends with the weights of a run that never stopped, bit for bit; a
-kill while the directories are committed leaves the previous save loadable
-everywhere; another number of processes, or a model that is not sharded the
-same way, is refused on every process with what to do, before anything changes.
+directory (and 4 workers, two to a directory, as two nodes would): each
+writes its own shards (weights and AdamW state, `step` included) where it was
+told, in a form it loads back by itself. A resume mid training ends with the
+weights of a run that never stopped, bit for bit; a kill while the
+directories are committed leaves the previous save loadable everywhere;
+another number of processes, or a model that is not sharded the same way, is
+refused on every process with what to do, before anything changes.
 """
 
 from __future__ import annotations
@@ -79,6 +80,38 @@ def test_each_rank_saves_its_own_shards_and_resumes_bit_for_bit(tmp_path, refere
     assert [result["steps"] for result in resumed] == [18, 18]
     for result, weights in zip(resumed, reference, strict=True):
         assert separate_dirs.same_weights(result["weights"], weights)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.filterwarnings("ignore:num_processes=4 asks for one CPU core:UserWarning")
+def test_processes_sharing_a_directory_each_save_their_shards_there_and_resume_bit_for_bit(
+    tmp_path_factory,
+):
+    """4 processes, two to a directory, as two nodes of 2 with a disk each."""
+    options = {"fsdp": True, "node_size": 2}
+    reference = _launch(
+        separate_dirs.train, str(tmp_path_factory.mktemp("whole")), num_processes=4, **options
+    )
+    base = tmp_path_factory.mktemp("stopped")
+    stopped = _launch(separate_dirs.train, str(base), stop_at=9, num_processes=4, **options)
+    assert stopped == [None] * 4
+    folders = [base / f"node{node}" / "checkpoints" / "checkpoint_0" for node in (0, 1)]
+    for node, folder in enumerate(folders):
+        ranks = [2 * node, 2 * node + 1]
+        manifest = _manifest(folder)
+        assert manifest["ranks"] == ranks and manifest["shards_per_process"]
+        shards = {f"sharded/rank_{rank}/__0_0.distcp" for rank in ranks}
+        assert set(manifest["checksums"]) >= shards  # the leader lists the other's shards
+        assert sorted(p.name for p in (folder / "sharded").iterdir()) == [
+            f"rank_{rank}" for rank in ranks
+        ]
+    # Without save_on_each_node node 1 holds no shared files: they come from node 0.
+    assert not (folders[1] / "scheduler.bin").exists()
+
+    resumed = _launch(separate_dirs.train, str(base), num_processes=4, **options)
+    assert [result["steps"] for result in resumed] == [18] * 4
+    for ours, theirs in zip(resumed, reference, strict=True):
+        assert separate_dirs.same_weights(ours["weights"], theirs["weights"])
 
 
 @pytest.mark.timeout(300)

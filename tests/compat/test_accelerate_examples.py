@@ -23,7 +23,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import warnings
@@ -32,6 +31,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from tests_support import suite_port  # noqa: E402
 
 pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is not installed")
 for _package in ("datasets", "evaluate", "sklearn", "tensorboard", "schedulefree"):
@@ -122,12 +122,6 @@ def images(tmp_path_factory) -> Path:
     return offline_hub.write_images(tmp_path_factory.mktemp("pets"))
 
 
-def _free_port() -> str:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return str(probe.getsockname()[1])
-
-
 def _arguments(script: str, work: Path, images: Path) -> tuple[list[str], dict[str, str]]:
     argv, env = CASES[script]
     filled = [a.format(work=work, images=images) for a in argv]
@@ -190,7 +184,7 @@ def _run_with_accelerate(script: Path, argv: list[str], env: dict, work: Path) -
             example_run.run,
             (str(script), "accelerate", argv, str(work / "out"), env),
             num_processes=2,
-            use_port=_free_port(),
+            use_port=str(suite_port()),
         )
     finally:
         del os.environ["ACCELERATE_USE_CPU"]
