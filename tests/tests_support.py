@@ -106,13 +106,81 @@ def cell_text(cell) -> str:
     return "".join(output.get("text", "") for output in cell.outputs)
 
 
-def free_port() -> int:
-    """A port nothing listens on right now (for tests that must name one)."""
+# Ports a test names come from below the kernel's ephemeral range (where binding port
+# 0 and outgoing connections draw from), from a block this test process holds alone
+# (a lock on the block's file, held until the process ends): no other process of this
+# suite, or of another pytest run beside it, can take a port between a test choosing
+# it and a server listening on it. Ray's workers take 10002-19999 by default, so the
+# blocks start above.
+_PORT_BLOCKS_START = 20000
+_PORT_BLOCK_SIZE = 500
+_held_block: range | None = None
+_next_in_block = 0
+
+
+def _port_block() -> range:
+    import fcntl
+    import os
+    import tempfile
+
+    global _held_block
+    if _held_block is not None:
+        return _held_block
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral_start = int(ranges.read().split()[0])
+    directory = os.path.join(tempfile.gettempdir(), "notebook-accel-test-ports")
+    os.makedirs(directory, exist_ok=True)
+    for start in range(
+        _PORT_BLOCKS_START, ephemeral_start - _PORT_BLOCK_SIZE + 1, _PORT_BLOCK_SIZE
+    ):
+        lock = open(os.path.join(directory, f"{start}.lock"), "w")  # noqa: SIM115 - held for life
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            lock.close()
+            continue
+        _port_block.lock = lock  # type: ignore[attr-defined] - kept open: the hold
+        _held_block = range(start, start + _PORT_BLOCK_SIZE)
+        return _held_block
+    raise RuntimeError(
+        f"every block of test ports below the ephemeral range ({ephemeral_start}) is held "
+        "by another test process"
+    )
+
+
+def suite_port() -> int:
+    """A port for a test that must name one before a server listens on it: this
+    process's own (see above), never handed out twice by it, and free now (a port a
+    program beside the suite holds is passed over)."""
     import socket
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    global _next_in_block
+    block = _port_block()
+    for _ in block:
+        port = block[_next_in_block % len(block)]
+        _next_in_block += 1
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError(f"every port in {block} is taken")
+
+
+class closed_port:  # noqa: N801 - used as a function: `with closed_port() as port:`
+    """A port that provably stays closed while the block runs: it is bound here and
+    never listened on, so nothing else can listen there and a connection is refused."""
+
+    def __enter__(self) -> int:
+        import socket
+
+        self._socket = socket.socket()
+        self._socket.bind(("127.0.0.1", 0))
+        return self._socket.getsockname()[1]
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._socket.close()
 
 
 def open_fds_once_back_to(
@@ -204,3 +272,72 @@ def run_in_kernel(
         idle = message["msg_type"] == "status" and message["content"]["execution_state"] == "idle"
     reply = reply_to(client, msg_id, timeout)
     return {"reply": reply["content"], "text": "".join(text), "prompts": prompts}
+
+
+from types import ModuleType  # noqa: E402
+
+# Set by `make test` (the Makefile's test target, which CI runs): there a dev dependency
+# that cannot be imported is a broken install, and fails the tests that need it.
+ENV_REQUIRE_DEV_DEPENDENCIES = "REQUIRE_DEV_DEPENDENCIES"
+
+
+def dev_dependency(module: str) -> ModuleType:
+    """Import and return `module`, which a package of pyproject.toml's dev extra provides.
+
+    Where it cannot be imported, the test (or, called at a module's top, the whole file)
+    skips, or fails when $REQUIRE_DEV_DEPENDENCIES is 1. Only for dev dependencies:
+    what the dev extra does not bring (torch_xla, a GPU) may be missing anywhere.
+    """
+    import importlib
+    import os
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as error:
+        reason = (
+            f"{module} cannot be imported ({error}); it is a dev dependency: "
+            "pip install -e '.[dev]'"
+        )
+    # Out of the except block: the report is the reason alone, not the import's traceback.
+    if os.environ.get(ENV_REQUIRE_DEV_DEPENDENCIES) == "1":
+        pytest.fail(f"{ENV_REQUIRE_DEV_DEPENDENCIES}=1 but {reason}", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def press_stop() -> None:
+    """The notebook's stop button: SIGINT to this process, from the main thread, where the
+    launch runs and its handler lives. `signal.raise_signal` runs the Python handler before
+    it returns, so the press lands where it is made, never after the run it was meant for
+    (a timer's press can arrive once the launch has ended, and end the test session)."""
+    import signal
+    import threading
+
+    assert threading.current_thread() is threading.main_thread(), "a press from another thread"
+    signal.raise_signal(signal.SIGINT)
+
+
+class WhenPrinted:
+    """A run observer (`observers=[...]`, `workers.add_observer`) that calls `action()` once
+    `ranks` workers have each printed the line `line`, and again for the next `times - 1`
+    rounds of it: an action (a stop press, a kill) at a known point of the run, taken in the
+    thread that runs it. `done` counts the actions taken."""
+
+    def __init__(
+        self, line: str, action: Callable[[], None], ranks: int = 2, times: int = 1
+    ) -> None:
+        self.line, self.action, self.ranks, self.times = line, action, ranks, times
+        self.done = 0
+        self._seen: set[int] = set()
+
+    def on_event(self, event: object, report: object) -> None:
+        from notebook_accel.reporting.events import OutputLine
+
+        if self.done == self.times or not isinstance(event, OutputLine):
+            return
+        if event.line.rstrip("\n") != self.line:
+            return
+        self._seen.add(event.rank)
+        if len(self._seen) == self.ranks:
+            self._seen = set()
+            self.done += 1
+            self.action()
