@@ -13,11 +13,12 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
-from notebook_accel.launch import debugging
+from notebook_accel.launch import debugging, supervisor
 from tests_support import EACH_START, PROMPTLY, SHIPPED
 
 # Prompts are answered by code a worker runs once it is started (SHIPPED); how a worker
@@ -134,14 +135,22 @@ def test_where_nobody_can_answer_a_breakpoint_is_passed_and_input_raises_eof(use
 @SHIPPED
 def test_a_launch_from_another_thread_passes_breakpoints_and_says_why(user, capfd):
     player = user("c")
-    results = []
-    thread = threading.Thread(
-        target=lambda: results.append(
-            notebook_launcher(stops_on_rank_one, num_processes=2, backend="cpu", timeout=60)
-        )
-    )
+    results: list[object] = []
+
+    def launch() -> None:
+        try:
+            results.append(
+                notebook_launcher(
+                    stops_on_rank_one, num_processes=2, backend="cpu", timeout=PROMPTLY
+                )
+            )
+        except BaseException as error:  # noqa: BLE001 - reported by the test's thread
+            results.append(error)
+
+    thread = threading.Thread(target=launch)
     thread.start()
-    thread.join(60)
+    thread.join(PROMPTLY + 20)  # past the launch's timeout, which ends it and its workers
+    assert not thread.is_alive(), "the launch on another thread did not return"
     assert results == [[1.0, 2.0, 20.0, 40.0]]
     assert player.prompts == []
     assert "the launch runs on a thread other than the notebook's main one" in (
@@ -212,10 +221,38 @@ def _step(steps, limit):
     return steps[limit] / len(window)
 
 
+def groups_started(monkeypatch) -> list[supervisor.WorkerGroup]:
+    """The worker groups the launches start from now on, each once it has started."""
+    groups: list[supervisor.WorkerGroup] = []
+    start = supervisor.WorkerGroup.start
+
+    def recorded(group: supervisor.WorkerGroup) -> None:
+        start(group)
+        groups.append(group)
+
+    monkeypatch.setattr(supervisor.WorkerGroup, "start", recorded)
+    return groups
+
+
+def ended(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 @EACH_START
-def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_stopped(user, capfd):
-    def after_rank_0_has_ended():  # the user reads for a while: rank 0's stop lands
-        time.sleep(2)
+def test_post_mortem_opens_pdb_on_the_failed_rank_s_frames_and_the_others_are_stopped(
+    user, capfd, monkeypatch
+):
+    groups = groups_started(monkeypatch)
+
+    def after_rank_0_has_ended():  # the user reads until rank 0's stop has landed
+        rank_0 = next(w for w in groups[0].workers if w.rank == 0).process.pid
+        deadline = time.monotonic() + PROMPTLY
+        while not ended(rank_0):
+            assert time.monotonic() < deadline, "rank 0 was not stopped"
+            time.sleep(0.01)
         return "p window"
 
     player = user(after_rank_0_has_ended, "up", "p steps", "p limit * 10", "c")

@@ -4,6 +4,7 @@ from launch to launch, replaced when it dies, and gone with the kernel."""
 
 from __future__ import annotations
 
+import contextlib
 import linecache
 import os
 import signal
@@ -317,7 +318,9 @@ KERNEL_SCRIPT = textwrap.dedent(
     from notebook_accel import notebook_launcher
 
     def record_and_wait(folder):
-        Path(folder, os.environ["RANK"]).write_text(f"{os.getpid()} {os.getppid()}")
+        written = Path(folder, "." + os.environ["RANK"])
+        written.write_text(f"{os.getpid()} {os.getppid()}")
+        written.rename(Path(folder, os.environ["RANK"]))  # whole once it is there
         time.sleep(600)
 
     if __name__ == "__main__":
@@ -343,7 +346,6 @@ def test_killing_the_kernel_leaves_no_template_nor_worker_behind(tmp_path):
             assert kernel.poll() is None, "the launch ended early"
             assert time.monotonic() < deadline, "the workers never started"
             time.sleep(0.05)
-        time.sleep(0.1)  # both files written whole
         recorded = [(tmp_path / rank).read_text().split() for rank in ("0", "1")]
         workers = [int(pid) for pid, _ in recorded]
         template_pid = int(recorded[0][1])
@@ -353,7 +355,11 @@ def test_killing_the_kernel_leaves_no_template_nor_worker_behind(tmp_path):
         kernel.wait(WAIT_SECONDS)
     deadline = time.monotonic() + WAIT_SECONDS
     while alive := [pid for pid in (template_pid, *workers) if _running(pid)]:
-        assert time.monotonic() < deadline, f"left behind: {alive}"
+        if time.monotonic() > deadline:
+            for pid in alive:  # ended before the failure: nothing runs on after the test
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(pid).kill()
+            pytest.fail(f"left behind (now killed): {alive}")
         time.sleep(0.05)
 
 

@@ -20,7 +20,7 @@ import pytest
 
 from notebook_accel import last_run, notebook_launcher
 from notebook_accel.launch import warm
-from tests_support import run_together
+from tests_support import PROMPTLY, dev_dependency, run_together
 
 TRAIN = """
 from notebook_accel import Accelerator, notebook_launcher
@@ -122,7 +122,7 @@ print("CLEAN")
 
 
 def test_a_function_that_imports_transformers_prints_no_fork_hook_error():
-    pytest.importorskip("transformers")
+    dev_dependency("transformers")
     # transformers brings filelock, whose after-fork hook fails when it was
     # registered between a fork's before and after hooks.
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -162,20 +162,32 @@ def installed_module(tmp_path, monkeypatch):
         sys.modules.pop(name, None)
 
 
+def ended_within(thread: threading.Thread, seconds: float) -> None:
+    """Join `thread`; fail where it still runs after `seconds` (its launch's own timeout,
+    shorter, ends it and its workers)."""
+    thread.join(seconds)
+    assert not thread.is_alive(), f"{thread.name} still runs after {seconds} s"
+
+
 def test_a_launch_from_another_thread_outside_a_kernel_leaves_warming_off(installed_module):
     installed_module("only_in_workers", "VALUE = 1")
     reports = []
 
     def launch() -> None:
         notebook_launcher(
-            import_each, args=("only_in_workers",), num_processes=2, backend="cpu", live=False
+            import_each,
+            args=("only_in_workers",),
+            num_processes=2,
+            backend="cpu",
+            live=False,
+            timeout=PROMPTLY,
         )
         reports.append(last_run())
 
     thread = threading.Thread(target=launch)
     thread.start()
-    thread.join(90)
-    assert not thread.is_alive()
+    ended_within(thread, PROMPTLY + 20)
+    assert len(reports) == 1, "the launch raised"
     warming = reports[0].warming
     assert "only_in_workers" in reports[0].imported_by_workers
     assert warming.status == "off" and "main one" in warming.problem
@@ -190,7 +202,10 @@ def test_a_launch_in_another_thread_waits_for_a_half_done_import(installed_modul
     found = []
 
     def launch() -> None:
+        deadline = time.monotonic() + PROMPTLY  # for both waits: the thread ends by then
         while "slow_import" not in sys.modules:  # the import has begun
+            if time.monotonic() > deadline:
+                return  # it never began: `found` stays empty
             time.sleep(0.005)
         found.extend(
             notebook_launcher(
@@ -199,13 +214,16 @@ def test_a_launch_in_another_thread_waits_for_a_half_done_import(installed_modul
                 backend="cpu",
                 live=False,
                 return_all=True,
+                timeout=max(deadline - time.monotonic(), 1.0),
             )
         )
 
     thread = threading.Thread(target=launch)
     thread.start()
-    warmer.drain()  # imports slow_import here, on the main thread
-    thread.join(90)
+    try:
+        warmer.drain()  # imports slow_import here, on the main thread
+    finally:
+        ended_within(thread, PROMPTLY + 20)
     assert found == [True, True]  # never a fork of the half-done module
     assert warming.status == "done" and warming.modules == ["slow_import"]
 

@@ -8,13 +8,14 @@ import os
 import signal
 import time
 
+import psutil
 import pytest
 import torch
 
 import notebook_accel.live as live
 from notebook_accel import WorkerError
 from notebook_accel.live import start_workers
-from tests_support import PROMPTLY
+from tests_support import PROMPTLY, WhenPrinted
 
 
 @pytest.fixture
@@ -171,10 +172,23 @@ def worker_pids(workers):
     return workers.run(os.getpid, return_all=True)
 
 
+def wait_until_ended(pid: int) -> None:
+    """Until process `pid` has exited (a zombie not yet reaped counts)."""
+    deadline = time.monotonic() + PROMPTLY
+    while True:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        assert time.monotonic() < deadline, f"worker {pid} still runs"
+        time.sleep(0.01)
+
+
 def test_a_worker_killed_between_calls_is_named_at_the_next_call(workers):
     pids = worker_pids(workers)
     os.kill(pids[1], signal.SIGKILL)
-    time.sleep(1.0)  # the next cell, a moment later
+    wait_until_ended(pids[1])  # the next cell comes once it is gone
     with pytest.raises(WorkerError) as failure:
         workers.run_cell("1 + 1")
     assert failure.value.rank == 1 and failure.value.exitcode == -signal.SIGKILL
@@ -186,9 +200,10 @@ def test_a_worker_killed_between_calls_is_named_at_the_next_call(workers):
 
 
 def test_a_worker_that_exits_between_calls_is_named_with_its_code(workers):
+    pids = worker_pids(workers)
     exit_soon = "import os, threading\nthreading.Timer(0.2, os._exit, (7,)).start()"
     workers.run_cell(exit_soon, ranks=[0])
-    time.sleep(1.5)
+    wait_until_ended(pids[0])  # the next cell comes once it has exited
     with pytest.raises(WorkerError) as failure:
         workers.run_cell("1 + 1")
     assert failure.value.rank == 0 and failure.value.exitcode == 7
@@ -199,14 +214,13 @@ def test_a_worker_that_exits_between_calls_is_named_with_its_code(workers):
 def test_a_worker_killed_during_a_call_is_named(workers):
     pids = worker_pids(workers)
     workers.run_cell("import time")
+    # Killed once both workers are in the call, from the thread that runs it.
+    kill = WhenPrinted("asleep", lambda: os.kill(pids[0], signal.SIGKILL))
+    workers.add_observer(kill)
     started = time.monotonic()
-    timer = __import__("threading").Timer(0.5, os.kill, (pids[0], signal.SIGKILL))
-    timer.start()
-    try:
-        with pytest.raises(WorkerError) as failure:
-            workers.run_cell("time.sleep(600)")
-    finally:
-        timer.join()
+    with pytest.raises(WorkerError) as failure:
+        workers.run_cell("print('asleep', flush=True)\ntime.sleep(600)")
+    assert kill.done == 1
     assert time.monotonic() - started < PROMPTLY
     assert failure.value.rank == 0 and "killed by SIGKILL" in str(failure.value)
     assert "workers.restart()" in str(failure.value)

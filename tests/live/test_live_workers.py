@@ -4,8 +4,6 @@ stops and timeouts that leave the workers up, deaths that end the group."""
 from __future__ import annotations
 
 import os
-import signal
-import threading
 import time
 
 import pytest
@@ -13,7 +11,7 @@ import torch
 
 from notebook_accel import WorkerError
 from notebook_accel.live import GroupEnded, start_workers
-from tests_support import PROMPTLY
+from tests_support import PROMPTLY, WhenPrinted, press_stop
 
 # Calls, state and results run twice (tests/conftest.py, each_way_to_ship); stops,
 # timeouts, deaths and ends, which depend on how each worker's process is watched and
@@ -132,25 +130,22 @@ def test_an_exception_comes_back_and_the_workers_stay_up(workers):
 
 
 def sleep_then_answer(seconds):
+    print("asleep", flush=True)
     time.sleep(seconds)
     return "woke"
-
-
-def press_stop_after(seconds):
-    timer = threading.Timer(seconds, os.kill, (os.getpid(), signal.SIGINT))
-    timer.start()
-    return timer
 
 
 @EACH_START
 def test_stop_interrupts_the_call_and_keeps_the_workers(workers):
     workers.run_cell("kept = 42")
-    timer = press_stop_after(0.5)
-    started = time.monotonic()
+    pressed_at = []
+    # Pressed once both workers sleep, from the thread that runs the call.
+    press = WhenPrinted("asleep", lambda: (pressed_at.append(time.monotonic()), press_stop()))
+    workers.add_observer(press)
     with pytest.raises(KeyboardInterrupt, match="they are still running"):
         workers.run(sleep_then_answer, 600)
-    timer.join()
-    assert time.monotonic() - started < PROMPTLY
+    assert press.done == 1
+    assert time.monotonic() - pressed_at[0] < PROMPTLY  # the workers sleep for 600 s
     assert workers.alive and workers.run_cell("kept") == 42
 
 
@@ -158,12 +153,15 @@ train_until_stopped = defined_in_a_notebook(
     """
 def train_until_stopped():
     global steps
+    first = steps
     while not accelerator.check_trigger():  # a stop press: every rank leaves at one step
         loss = model(data).square().mean()
         accelerator.backward(loss)  # an all-reduce: a rank stopped alone would strand the other
         optimizer.step()
         optimizer.zero_grad()
         steps += 1
+        if steps == first + 1:
+            print("training", flush=True)
     return steps
 """,
     "train_until_stopped",
@@ -173,32 +171,50 @@ def train_until_stopped():
 @EACH_START
 def test_a_training_loop_that_checks_stops_at_one_step_on_every_worker(workers):
     workers.run_cell(TRAIN_CELL)
-    for _ in range(3):  # each time, mid-training, in the middle of DDP's all-reduces
-        with pytest.raises(TimeoutError, match="still running with their state"):
-            workers.run(train_until_stopped, timeout=0.5)
+    # Each time pressed mid-training (both ranks past a step), in the middle of DDP's
+    # all-reduces.
+    press = WhenPrinted("training", press_stop, times=3)
+    workers.add_observer(press)
+    before = 0
+    for _ in range(3):
+        with pytest.raises(KeyboardInterrupt, match="they are still running"):
+            workers.run(train_until_stopped)
         steps = workers.run_cell("steps", return_all=True)
-        assert steps[0] == steps[1] > 0
+        assert steps[0] == steps[1] > before
+        before = steps[0]
+    assert press.done == 3
     assert workers.alive
     weights = workers.run_cell("accelerator.unwrap_model(model).weight.detach()", return_all=True)
     assert torch.equal(weights[0], weights[1])
 
 
-def ignore_the_first_interrupt():
+def ignore_stops():
+    from notebook_accel.training import interrupts
+
+    print("asleep", flush=True)
+    deadline = time.monotonic() + 600
+    while not interrupts.requested() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    print("not stopping", flush=True)  # the stop reached this worker
     try:
-        time.sleep(30)
+        time.sleep(600)
     except KeyboardInterrupt:
-        time.sleep(600)  # a cell that will not stop
+        time.sleep(600)  # a cell that will not stop, even when interrupted
     return "unreachable"
 
 
 @EACH_START
 def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
-    first, second = press_stop_after(0.5), press_stop_after(1.5)
+    # The first press once both workers sleep; the second once a worker shows that the
+    # first reached it, while the kernel waits for the call to end.
+    first = WhenPrinted("asleep", press_stop)
+    second = WhenPrinted("not stopping", press_stop, ranks=1)
+    workers.add_observer(first)
+    workers.add_observer(second)
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt, match="a second stop") as stopped:
-        workers.run(ignore_the_first_interrupt)
-    first.join()
-    second.join()
+        workers.run(ignore_stops)
+    assert (first.done, second.done) == (1, 1)
     assert time.monotonic() - started < PROMPTLY
     assert "the group was ended" in str(stopped.value)
     assert not workers.alive
@@ -219,8 +235,8 @@ def test_the_launch_precision_reaches_the_workers():
 @EACH_START
 def test_a_timeout_interrupts_the_call_and_keeps_the_workers(workers):
     with pytest.raises(TimeoutError, match="still running with their state"):
-        workers.run(sleep_then_answer, 30, timeout=0.5)
-    assert workers.run(sleep_then_answer, 0, timeout=5) == "woke"
+        workers.run(sleep_then_answer, 600, timeout=0.5)
+    assert workers.run(sleep_then_answer, 0, timeout=PROMPTLY) == "woke"
 
 
 def never_stop():

@@ -4,11 +4,31 @@ from __future__ import annotations
 
 import os
 import time
+from datetime import timedelta
+from types import SimpleNamespace
 
 import pytest
 
 from notebook_accel import Accelerator, WorkerError, notebook_launcher
+from notebook_accel.platforms import joining
 from tests_support import PROMPTLY
+
+
+def launch_store():
+    """The launch's store, as a worker reaches it: to wait there for what another rank did."""
+    import torch.distributed as dist
+
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        is_master=False,
+        timeout=timedelta(seconds=PROMPTLY),
+    )
+
+
+def mark(what: str, rank: int) -> str:
+    """The store's key for `what` ("joined", "left") of `rank` in this launch."""
+    return joining._key(what, rank, joining._attempt())
 
 
 def rank1_never_joins():
@@ -30,8 +50,12 @@ def test_a_rank_that_never_joins_is_reported_after_the_rendezvous_timeout():
 
 
 def rank1_returns_without_joining(rank1_first: bool, leave_by_exit: bool):
-    # Rank 1 leaves either before rank 0 starts to wait or while it waits.
-    time.sleep(0.0 if (os.environ["RANK"] == "1") == rank1_first else 1.0)
+    # Rank 1 leaves either before rank 0 starts to wait (rank 0 waits until the launcher
+    # has marked rank 1 as gone) or while it waits (rank 1 waits until rank 0 has joined).
+    # A wait that fails raises, and the run fails otherwise than the test expects.
+    if os.environ["RANK"] == ("0" if rank1_first else "1"):
+        awaited = mark("left", 1) if rank1_first else mark("joined", 0)
+        launch_store().wait([awaited])
     if os.environ["RANK"] == "1":
         if leave_by_exit:
             raise SystemExit(0)
@@ -71,8 +95,24 @@ def test_every_rank_that_joins_late_still_meets_the_others(capfd):
     assert "waitForInput" not in output.err + output.out
 
 
+# How many times rank 0 looks at the store for its late peer before that peer joins.
+LOOKS = 20
+
+
 def rank_joins_after_a_while():
-    time.sleep(0.0 if os.environ["RANK"] == "0" else 1.5)
+    store = launch_store()
+    if os.environ["RANK"] == "0":
+        counted = iter(range(1, LOOKS + 1))
+
+        def pause(seconds: float) -> None:  # each pause between two looks
+            if next(counted, None) == LOOKS:
+                store.set("test/looked", "1")
+            time.sleep(seconds)
+
+        # Only in this worker's process: its joining module waits with this clock.
+        joining.time = SimpleNamespace(monotonic=time.monotonic, sleep=pause)
+    else:
+        store.wait(["test/looked"])  # rank 0 has looked LOOKS times
     return Accelerator().num_processes
 
 
