@@ -43,7 +43,7 @@ demo: $(VENV)/.installed
 # of them (its module fixtures: a Ray cluster, a kernel, a site build are
 # made once).
 test: $(VENV)/.installed browser trackers testaccel
-	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
+	REQUIRE_BROWSER_TESTS=$(REQUIRE_BROWSER_TESTS) REQUIRE_DEV_DEPENDENCIES=1 $(BIN)/python -m pytest $(XDIST) $(PYTEST_ARGS)
 
 # For development only: CI runs `make test`, the whole proof.
 test-quick: $(VENV)/.installed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 import time
@@ -20,7 +21,7 @@ collect_ignore = ["testaccel"]
 from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
 from notebook_accel.launch.runs.directory import ENV_RUNS_DIR, RunDirectory  # noqa: E402
 from notebook_accel.launch.template import shutdown_template  # noqa: E402
-from tests_support import live_children, mark_test_start  # noqa: E402
+from tests_support import PROMPTLY, live_children, mark_test_start  # noqa: E402
 
 HERE = Path(__file__).parent
 # The longest test files (each over a minute on 2 cores: clusters, notebooks, fresh
@@ -39,12 +40,12 @@ LONGEST_FIRST = [
 # clusters starting at once. A Ray node's raylet gives its dashboard agent a fixed 15 s to
 # start (ray-project/ray#65983), and with another file's cluster starting beside it (two
 # clusters' dozen Python processes importing at once on 2 cores) the teaching notebook's
-# own cluster missed it twice in a row.
-RAY_FILES = [
-    HERE / "launch" / "cluster",
-    HERE / "notebooks" / "test_teaching_notebooks.py",
-]
+# own cluster missed it twice in a row. Of the teaching notebooks, only the runs of those
+# that start a cluster join them (`_starts_a_ray_cluster`): the others, minutes of work,
+# are a unit of their own that another process can run meanwhile.
+RAY_FILES = [HERE / "launch" / "cluster"]
 RAY_SCOPE = "the files that start Ray clusters"
+TEACHING_NOTEBOOKS = "tests/notebooks/test_teaching_notebooks.py"
 # The files that use the documentation site's one build per run (tests/docs/conftest.py,
 # `built_site`: a strict build takes about 20 s of CPU) run in one process too, or each
 # process would build it again.
@@ -59,13 +60,25 @@ SHARED_SCOPES = {RAY_SCOPE: RAY_FILES, DOCS_SITE_SCOPE: DOCS_SITE_FILES}
 
 # Handed out first under pytest-xdist (make test), one to each process, ahead of their
 # order by test count: the longest units of work, which started last would leave the other
-# process idle at the end: the file whose few tests each run a whole pytest on another torch,
-# and the Ray files (a third of the suite's work on a busy machine).
-XDIST_FIRST = ["tests/torch_range/test_torch_range.py", RAY_SCOPE]
+# processes idle at the end: the file whose few tests each run a whole pytest on another
+# torch, the Ray files, and the teaching notebooks that start no cluster.
+XDIST_FIRST = ["tests/torch_range/test_torch_range.py", RAY_SCOPE, TEACHING_NOTEBOOKS]
 
 
 def _within(path: Path, places: list[Path]) -> bool:
     return any(path == place or path.is_relative_to(place) for place in places)
+
+
+def _starts_a_ray_cluster(root: Path, nodeid: str) -> bool:
+    """Whether `nodeid` runs a teaching notebook whose code starts a Ray cluster."""
+    file, _, test = nodeid.partition("::")
+    run = "test_runs_top_to_bottom["
+    if file != TEACHING_NOTEBOOKS or not test.startswith(run):
+        return False
+    name = test.removeprefix(run).removesuffix("]")
+    cells = json.loads((root / "notebooks" / name).read_text())["cells"]
+    code = "\n".join("".join(cell["source"]) for cell in cells if cell["cell_type"] == "code")
+    return 'cluster="ray"' in code or "import ray" in code
 
 
 class SuiteScheduling:
@@ -82,6 +95,8 @@ class SuiteScheduling:
 
         class Scheduling(LoadFileScheduling):
             def _split_scope(self, nodeid: str) -> str:
+                if _starts_a_ray_cluster(root, nodeid):
+                    return RAY_SCOPE
                 file = nodeid.split("::", 1)[0]
                 for scope, files in SHARED_SCOPES.items():
                     if _within(root / file, files):
@@ -163,7 +178,43 @@ def no_leftover_processes():
         if not leftover or time.monotonic() > deadline:
             break
         time.sleep(0.05)
-    assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
+    if leftover:
+        # Ended before the failure, so that the next tests do not run beside them.
+        named = end_processes(leftover)
+        pytest.fail(f"processes left behind (now killed): {named}")
+
+
+def end_processes(processes: list[psutil.Process]) -> list[tuple[int, str]]:
+    """Kill `processes` and reap those that are this process's children; their
+    (pid, name), as they were before the kill."""
+    named = []
+    for process in processes:
+        try:
+            named.append((process.pid, process.name()))
+        except psutil.Error:
+            named.append((process.pid, "?"))
+    for process in processes:
+        try:
+            process.kill()
+        except psutil.Error:
+            pass
+    deadline = time.monotonic() + PROMPTLY
+    while True:
+        # Reaps those that are this process's children; a zombie whose parent is another
+        # process has ended too.
+        _, alive = psutil.wait_procs(processes, timeout=0.05)
+        alive = [process for process in alive if not _zombie(process)]
+        if not alive or time.monotonic() > deadline:
+            break
+    assert not alive, f"processes left behind that a kill did not end: {named}"
+    return named
+
+
+def _zombie(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return True
 
 
 @pytest.fixture(autouse=True)
@@ -218,9 +269,6 @@ def runs_dir(tmp_path, monkeypatch) -> Iterator[Path]:
     deadline = time.monotonic() + 5  # a run stopped just now is still tearing down
     while (left := processes_of_runs(root)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    for process in left:
-        try:
-            process.kill()
-        except psutil.Error:
-            pass
-    assert not left, f"processes of detached runs left: {[(p.pid, p.name()) for p in left]}"
+    if left:
+        named = end_processes(left)
+        pytest.fail(f"processes of detached runs left (now killed): {named}")

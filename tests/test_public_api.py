@@ -5,9 +5,8 @@ from __future__ import annotations
 import inspect
 from types import ModuleType
 
-import pytest
-
 import notebook_accel
+from tests_support import dev_dependency
 
 
 def test_every_public_name_and_its_public_members_have_docstrings():
@@ -52,7 +51,7 @@ NOT_AT_THE_TOP = {
 
 
 def test_every_name_accelerate_exports_at_its_top_is_exported_at_ours():
-    accelerate = pytest.importorskip("accelerate")
+    accelerate = dev_dependency("accelerate")
     public = {
         name
         for name in dir(accelerate)

@@ -31,9 +31,19 @@ from notebook_accel import Accelerator
 name, folder, kwargs = sys.argv[1], sys.argv[2], eval(sys.argv[3])
 accelerator = Accelerator(log_with=name, project_dir=folder)
 accelerator.init_trackers("proj", config={"lr": 0.1, "tag": "x"}, init_kwargs=kwargs)
+run = accelerator.get_tracker(name, unwrap=True)
+assert type(run).__module__.split(".")[0] == name, f"unwrap gave {type(run)}"
+# end_training itself must end the library's run (a kernel never exits to do it): each
+# way a run ends that the library's run object has is watched (MLflow ends runs by module).
+ended = []
+for method in ("finish", "end", "close") if name != "mlflow" else ():
+    if hasattr(run, method):
+        real = getattr(run, method)
+        setattr(run, method, lambda *a, real=real, **k: ended.append(1) or real(*a, **k))
 accelerator.log({"loss": 0.5}, step=1)
 accelerator.log({"loss": 0.25}, step=2)
 accelerator.end_training()
+assert ended or name == "mlflow", f"end_training did not end the {name} run"
 """
 
 LOSSES = [(1, 0.5), (2, 0.25)]

@@ -20,8 +20,9 @@ from notebook_accel.accelerator.tracking import TRACKERS, TensorBoardTracker
 from notebook_accel.platforms import probes
 from notebook_accel.reporting import metrics
 from notebook_accel.tracking import register_tracker_class
+from tests_support import dev_dependency
 
-pytest.importorskip("tensorboard", reason="tensorboard (a dev dependency) is not installed")
+dev_dependency("tensorboard")
 
 
 def _scalars(folder) -> dict:
@@ -314,32 +315,3 @@ def test_all_with_no_tracker_installed_warns_and_logs_to_the_notebook_only(monke
         accelerator = Accelerator(cpu=True, log_with="all")
     accelerator.init_trackers("p")
     assert accelerator.trackers == []
-
-
-# tracker -> (module, the library's run object, the call that logs, the call that finishes)
-OTHER_LIBRARIES = {
-    "comet_ml": ("comet_ml", lambda m: m.start.return_value, "log_metric", "end"),
-    "aim": ("aim", lambda m: m.Run.return_value, "track", "close"),
-    "clearml": ("clearml", lambda m: m.Task.init.return_value, "get_logger", "close"),
-    "dvclive": ("dvclive", lambda m: m.Live.return_value, "log_metric", "end"),
-    "swanlab": ("swanlab", lambda m: m.init.return_value, "log", "finish"),
-    "trackio": ("trackio", lambda m: m.init.return_value, "log", "finish"),
-}
-
-
-@pytest.mark.parametrize("name", list(OTHER_LIBRARIES))
-def test_the_other_libraries_get_started_logged_to_and_finished(name, monkeypatch, tmp_path):
-    from unittest import mock
-
-    module_name, run_of, log_call, finish_call = OTHER_LIBRARIES[name]
-    module = mock.MagicMock(name=module_name)
-    monkeypatch.setitem(sys.modules, module_name, module)
-    monkeypatch.setattr(probes, "package_available", lambda n: n == module_name)
-    accelerator = Accelerator(cpu=True, log_with=name, project_dir=tmp_path)
-    accelerator.init_trackers("proj", config={"lr": 0.1})
-    accelerator.log({"train/loss": 0.5}, step=2)
-    run = run_of(module)
-    assert accelerator.get_tracker(name, unwrap=True) is run
-    assert getattr(run, log_call).called
-    accelerator.end_training()
-    getattr(run, finish_call).assert_called_once()

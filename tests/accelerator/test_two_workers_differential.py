@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import itertools
 
-import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 from notebook_accel import Accelerator, DataLoaderConfiguration, notebook_launcher
+from tests_support import dev_dependency
 
-pytest.importorskip(
-    "accelerate",
-    reason="accelerate is not installed; install accelerate==1.15.0 for the differential tests",
-)
+dev_dependency("accelerate")
 
 CONFIGS = list(itertools.product([7, 13, 64], [2, 4], [True, False], [False, True], [False, True]))
 

@@ -18,10 +18,9 @@ from safetensors.torch import save_file
 from torch import nn
 
 import notebook_accel.big_modeling as ours
+from tests_support import dev_dependency
 
-accelerate = pytest.importorskip(
-    "accelerate", reason="accelerate is not installed; install accelerate==1.15.0 (dev extra)"
-)
+accelerate = dev_dependency("accelerate")
 from accelerate import big_modeling as their_big_modeling  # noqa: E402
 from accelerate import hooks as their_hooks  # noqa: E402
 from accelerate.utils import modeling as their_modeling  # noqa: E402

@@ -22,15 +22,13 @@ from notebook_accel.big_modeling import (
     infer_auto_device_map,
     init_empty_weights,
 )
+from tests_support import dev_dependency
 
-accelerate_utils = pytest.importorskip(
-    "accelerate.utils",
-    reason="accelerate is not installed; install accelerate==1.15.0 for the differential tests",
-)
+accelerate_utils = dev_dependency("accelerate.utils")
 
 
 def _transformers_models() -> list:
-    transformers = pytest.importorskip("transformers")
+    transformers = dev_dependency("transformers")
     transformers.logging.set_verbosity_error()
     with init_empty_weights():
         gpt2 = transformers.GPT2LMHeadModel(

@@ -25,6 +25,7 @@ from notebook_accel.big_modeling import (
     load_offload_index,
     load_state_dict,
 )
+from tests_support import dev_dependency
 
 
 @pytest.fixture
@@ -147,7 +148,7 @@ def test_offloaded_model_under_torch_compile(reference, ids, tmp_path):
 
 
 def test_transformers_model_generates_the_same(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    transformers = dev_dependency("transformers")
     transformers.logging.set_verbosity_error()
     config = transformers.GPT2Config(n_layer=4, n_embd=32, n_head=2, vocab_size=100, n_positions=32)
     torch.manual_seed(0)

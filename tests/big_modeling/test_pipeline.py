@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from notebook_accel import notebook_launcher
+from tests_support import dev_dependency
 
 
 def _mlp() -> nn.Sequential:
@@ -55,7 +56,7 @@ def test_pipelined_mlp_equals_one_process(split_points):
 
 @pytest.mark.timeout(180)
 def test_pipelined_transformers_model_equals_one_process():
-    pytest.importorskip("transformers")
+    dev_dependency("transformers")
     inputs = torch.randint(0, 100, (4, 8), generator=torch.Generator().manual_seed(0))
     reference = _gpt2()
     with torch.no_grad():

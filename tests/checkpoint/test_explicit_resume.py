@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import notebook_accel
 from notebook_accel import notebook_launcher
+from tests_support import dev_dependency
 
 N, BATCH, EPOCHS, STOP = 48, 4, 3, (1, 3)  # 6 steps per epoch; save after 3 steps of epoch 1
 
@@ -112,7 +113,7 @@ def test_our_explicit_resume_is_exact(tmp_path):
 
 
 def test_accelerate_explicit_resume_with_dropout_is_not_exact(tmp_path):
-    pytest.importorskip("accelerate", reason="the differential test needs accelerate==1.15.0")
+    dev_dependency("accelerate")
     difference = _max_difference("accelerate", tmp_path)
     print(f"Accelerate: max weight difference after resuming: {difference:.4g}")
     assert difference > 1e-3

@@ -31,11 +31,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tests_support import suite_port  # noqa: E402
+from tests_support import dev_dependency, suite_port  # noqa: E402
 
-pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is not installed")
+dev_dependency("accelerate")
 for _package in ("datasets", "evaluate", "sklearn", "tensorboard", "schedulefree"):
-    pytest.importorskip(_package, reason=f"{_package} (a dev dependency) is not installed")
+    dev_dependency(_package)
 
 import accelerate_examples  # noqa: E402
 

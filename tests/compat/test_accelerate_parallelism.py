@@ -14,8 +14,9 @@ import pytest
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
+from tests_support import dev_dependency  # noqa: E402
 
-pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is not installed")
+dev_dependency("accelerate")
 
 import accelerate_parallelism_tests  # noqa: E402
 import venv_cache  # noqa: E402

@@ -29,8 +29,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+from tests_support import dev_dependency  # noqa: E402
 
-pytest.importorskip("accelerate", reason="accelerate (a dev dependency) is not installed")
+dev_dependency("accelerate")
 
 import accelerate_scripts  # noqa: E402
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from notebook_accel.training.footprint import MemoryFootprint, footprint_table, training_footprint
+from tests_support import dev_dependency
 
 SCRIPT = Path(__file__).parents[2] / "bench" / "llm_memory.py"
 
@@ -46,8 +47,8 @@ def test_footprint_counts_parameters_gradients_and_adamw_state():
 
 @pytest.mark.timeout(200)
 def test_fsdp2_holds_at_most_0_55_of_ddp_per_process():
-    pytest.importorskip("transformers", reason="transformers is not installed")
-    pytest.importorskip("peft", reason="peft is not installed")
+    dev_dependency("transformers")
+    dev_dependency("peft")
     bench = _bench()
     figures = bench.measure(hidden=128, layers=2, vocab=2000)
     print()

@@ -14,16 +14,18 @@ import json
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[llm]')")
-pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[llm]')")
-pytest.importorskip("torchdata", reason="torchdata is not installed (pip install -e '.[llm]')")
+from tests_support import dev_dependency
+
+dev_dependency("transformers")
+dev_dependency("peft")
+dev_dependency("torchdata")
 
 import llm_runs  # noqa: E402
 import torch  # noqa: E402
 from torch.utils.data import DataLoader  # noqa: E402
 
 from notebook_accel import DataLoaderConfiguration, notebook_launcher  # noqa: E402
-from notebook_accel.training.text import PackedTokens
+from notebook_accel.training.text import PackedTokens  # noqa: E402
 
 EPOCHS, STOP_AT = 2, 8  # 6 steps an epoch: the save is the 2nd step of epoch 2
 

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("transformers", reason="transformers is not installed (pip install '.[llm]')")
-pytest.importorskip("peft", reason="peft is not installed (pip install -e '.[llm]')")
-pytest.importorskip("accelerate", reason="accelerate==1.15.0 (a dev dependency) is not installed")
+from tests_support import dev_dependency
+
+dev_dependency("transformers")
+dev_dependency("peft")
+dev_dependency("accelerate")
 
 import llm_runs  # noqa: E402
 
 from notebook_accel import notebook_launcher  # noqa: E402
-from notebook_accel.training.text import PackedTokens
+from notebook_accel.training.text import PackedTokens  # noqa: E402
 
 RUNS = [
     ("accelerate", "ddp"),

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-pytest.importorskip("transformers", reason="transformers is not installed")
-pytest.importorskip("peft", reason="peft is not installed")
+from tests_support import dev_dependency
+
+dev_dependency("transformers")
+dev_dependency("peft")
 
 import llm_runs  # noqa: E402
 

@@ -7,13 +7,15 @@ import sys
 import pytest
 import torch
 
-pytest.importorskip("tokenizers", reason="tokenizers is not installed")
-pytest.importorskip("transformers", reason="transformers is not installed")
+from tests_support import dev_dependency
+
+dev_dependency("tokenizers")
+dev_dependency("transformers")
 
 import llm_runs  # noqa: E402
 
-from notebook_accel.config.optional import MissingDependencyError
-from notebook_accel.training.text import PackedTokens, pack_texts, train_tokenizer
+from notebook_accel.config.optional import MissingDependencyError  # noqa: E402
+from notebook_accel.training.text import PackedTokens, pack_texts, train_tokenizer  # noqa: E402
 
 
 def test_the_tokenizer_round_trips_any_text_and_saves(tmp_path):

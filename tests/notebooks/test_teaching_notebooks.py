@@ -13,8 +13,6 @@ import pytest
 import torch
 from nbclient import NotebookClient
 
-from notebook_accel.launch.runs.directory import ENV_RUNS_DIR
-
 NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
 NOTEBOOKS = sorted(NOTEBOOKS_DIR.glob("*.ipynb"))
 COLAB = (
@@ -167,11 +165,11 @@ def test_committed_without_outputs_and_with_a_colab_link(path):
 # cell alone took over 120 s.
 @pytest.mark.timeout(480)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
-def test_runs_top_to_bottom(path, tmp_path, monkeypatch):
+def test_runs_top_to_bottom(path, tmp_path, runs_dir):
     notebook = nbformat.read(path, as_version=4)
-    # Detached runs (11_detached_runs) keep their directories in tmp too, not in the
-    # user's ~/.local/state: the kernel and the runs' keepers inherit the variable.
-    monkeypatch.setenv(ENV_RUNS_DIR, str(tmp_path / "runs"))
+    # `runs_dir`: detached runs (11_detached_runs) keep their directories in tmp, not in
+    # the user's ~/.local/state (the kernel and the runs' keepers inherit the variable),
+    # and a keeper still running at the end is killed and fails the test.
     started = time.monotonic()
     # Raises CellExecutionError, with the cell and its traceback, if any cell fails.
     NotebookClient(

@@ -16,11 +16,9 @@ from torch.utils.data import DataLoader, TensorDataset
 from notebook_accel.training.data import prepare_data_loader
 from notebook_accel.training.optimizers import GradientState
 from notebook_accel.training.sharding import BatchSamplerShard
+from tests_support import dev_dependency
 
-accelerate_data_loader = pytest.importorskip(
-    "accelerate.data_loader",
-    reason="accelerate is not installed; install accelerate==1.15.0 for the differential tests",
-)
+accelerate_data_loader = dev_dependency("accelerate.data_loader")
 
 LENGTHS = [1, 3, 7, 13, 16, 64]
 BATCH_SIZES = [2, 3, 4]

@@ -20,6 +20,7 @@ from notebook_accel.data_loader import (
     skip_first_batches,
 )
 from notebook_accel.training import data as data_module
+from tests_support import dev_dependency
 
 
 class Stream(IterableDataset):
@@ -103,7 +104,7 @@ def test_prepared_loader_classes_are_made_directly_as_in_accelerate():
 
 
 def test_use_stateful_dataloader_makes_the_class_stateful_and_it_resumes():
-    stateful = pytest.importorskip("torchdata.stateful_dataloader").StatefulDataLoader
+    stateful = dev_dependency("torchdata.stateful_dataloader").StatefulDataLoader
     for kind in (DataLoaderShard, DataLoaderDispatcher, SkipDataLoader):
         loader = kind(list(range(16)), batch_size=4, use_stateful_dataloader=True)
         assert isinstance(loader, stateful) and isinstance(loader, kind)

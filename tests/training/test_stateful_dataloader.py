@@ -14,8 +14,9 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
 from notebook_accel import Accelerator, DataLoaderConfiguration, notebook_launcher
+from tests_support import dev_dependency
 
-pytest.importorskip("torchdata", reason="torchdata is not installed (pip install torchdata)")
+dev_dependency("torchdata")
 
 from torchdata.stateful_dataloader import StatefulDataLoader  # noqa: E402
 
@@ -184,7 +185,7 @@ def _differential_worker() -> list:
 
 
 def test_two_workers_match_accelerate():
-    pytest.importorskip("accelerate", reason="accelerate==1.15.0 is not installed")
+    dev_dependency("accelerate")
     per_rank = notebook_launcher(
         _differential_worker, num_processes=2, return_all=True, backend="cpu", live=False
     )

@@ -187,7 +187,6 @@ def test_cli_config_fsdp_options(tmp_path, capsys):
 
 
 def test_panel_checkbox_turns_fsdp_on_and_keeps_a_loaded_section(tmp_path):
-    pytest.importorskip("ipywidgets")
     from notebook_accel.ui.panel import LaunchPanel
 
     panel = LaunchPanel(print, config_path=str(tmp_path / "launch.yaml"))
