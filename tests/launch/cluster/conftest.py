@@ -2,9 +2,10 @@
 every test no agent, placement group or worker process of the test left, and every CPU of
 the cluster free again.
 
-The modules that use the cluster as it is share one (starting one costs about 25 s on 2
-cores); a module that needs another shape (more nodes, GPUs, nodes it kills) defines its
-own `ray_cluster`, and runs before the shared one starts, so two clusters never run at once.
+The modules share one cluster of two nodes (starting one costs about 25 s on 2 cores): a
+module that needs another shape (more nodes, GPUs, nodes it kills) adds nodes to it for a
+while and leaves it as it found it (`LocalCluster.more_nodes`). Its tests run in a row, the
+others' after them, so that the cluster starts once and stops after its last test.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 
 from cluster_support import (
     LocalCluster,
+    end_leftovers,
     start_cluster,
     stop_cluster,
     wait_until_nothing_is_left,
 )
 from notebook_accel import release_cluster
+from notebook_accel.launch.cluster.connect import end_processes
 from tests_support import live_children, mark_test_start
 
 # A cluster test's limit against a hang: a Ray cluster of several nodes on a loaded
@@ -31,19 +35,14 @@ CLUSTER_TEST_SECONDS = 300
 HERE = Path(__file__).parent
 
 
-# The modules of each kind of cluster, in the order they run (see the module docstring).
-CLUSTER_ORDER = {"own": 0, "shared": 1, "none": 2}
-# Each module's kind: that of the first of its tests' clusters in CLUSTER_ORDER.
+# The tests of the cluster first, then the others.
+CLUSTER_ORDER = {"shared": 0, "none": 1}
+# Each module's kind: "shared" if any of its tests uses the cluster.
 _module_kinds: dict[Path, str] = {}
 
 
 def _cluster_of(item: pytest.Item) -> str:
-    """Which cluster a test uses: "own" (its module's), "shared", or "none"."""
-    definitions = item._fixtureinfo.name2fixturedefs.get("ray_cluster")
-    if not definitions:
-        return "none"
-    defined_in_a_module = definitions[-1].baseid.split("::")[0].endswith(".py")
-    return "own" if defined_in_a_module else "shared"
+    return "shared" if "ray_cluster" in item.fixturenames else "none"
 
 
 @pytest.hookimpl(trylast=True)  # after the suite's order of files (tests/conftest.py)
@@ -53,7 +52,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in ours:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(CLUSTER_TEST_SECONDS))
-    # A module runs whole where the first of its tests' clusters puts it: a module split
+    # A module runs whole where the first of its tests' kinds puts it: a module split
     # in two would start its module fixtures twice.
     for item in ours:
         _module_kinds[item.path] = min(
@@ -64,14 +63,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         items[index] = item
 
 
-# The cluster the modules that use it as it is share, from its first test to its last.
+# The cluster the modules share, from its first test to its last.
 _shared: LocalCluster | None = None
 
 
 @pytest.fixture(scope="module")
 def ray_cluster(tmp_path_factory) -> LocalCluster:
-    """A cluster of two nodes of 1 CPU each, shared by the modules that use it as it is;
-    it stops after the last test of theirs in a row (pytest_runtest_teardown below)."""
+    """A cluster of two nodes of 1 CPU each, shared by the modules; it stops after the
+    last test of theirs in a row (pytest_runtest_teardown below)."""
     global _shared
     if _shared is None:
         _shared = start_cluster(tmp_path_factory.mktemp("cluster"))
@@ -100,7 +99,8 @@ def pytest_sessionfinish() -> None:
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request) -> Iterator[None]:
     """Replaces the suite's check here: the cluster's own processes (raylets, Ray's idle
-    workers) may come and go; the test's agents, placement group and workers may not."""
+    workers) may come and go; the test's agents, placement group and workers may not.
+    What is found is ended before the test fails, so the next test finds the cluster free."""
     uses_cluster = "ray_cluster" in request.fixturenames
     local = request.getfixturevalue("ray_cluster") if uses_cluster else None
     before = mark_test_start()
@@ -112,11 +112,32 @@ def no_leftover_processes(request) -> Iterator[None]:
             left := [c for c in live_children() if c.pid not in before and c.pid not in theirs]
         ) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert not left, f"processes left behind: {[(p.pid, p.name()) for p in left]}"
+        named = _named(left)  # before they end
+        end_processes({c.pid for c in left})
+        assert not left, f"processes left behind: {named}"
         return
-    release_cluster()
-    left = wait_until_nothing_is_left(local)
-    assert not left, f"left on the cluster: {left}"
-    theirs = local.process_ids()
-    leftover = [c for c in live_children() if c.pid not in before and c.pid not in theirs]
-    assert not leftover, f"processes left behind: {[(p.pid, p.name()) for p in leftover]}"
+    on_cluster: list[str] = []
+    leftover: list[psutil.Process] = []
+    try:
+        release_cluster()
+        on_cluster = wait_until_nothing_is_left(local)
+        theirs = local.process_ids()
+        leftover = [c for c in live_children() if c.pid not in before and c.pid not in theirs]
+        named = _named(leftover)  # before they end
+    finally:
+        end_processes({c.pid for c in leftover})
+        if on_cluster:
+            end_leftovers(local)
+            wait_until_nothing_is_left(local)  # the next test's check sees only its own
+    assert not on_cluster, f"left on the cluster: {on_cluster}"
+    assert not leftover, f"processes left behind: {named}"
+
+
+def _named(processes: list[psutil.Process]) -> list[tuple[int, str]]:
+    named = []
+    for process in processes:
+        try:
+            named.append((process.pid, process.name()))
+        except psutil.Error:
+            named.append((process.pid, "(gone)"))
+    return named

@@ -1,14 +1,16 @@
 """GPU workers' placement on a cluster whose nodes have GPUs: each rank holds one of its
-node's GPUs, and cuda:LOCAL_RANK is that GPU. The nodes declare GPUs to Ray (this machine
-has none), and the function only reads where it was placed: no CUDA is started."""
+node's GPUs, and cuda:LOCAL_RANK is that GPU. Two nodes that declare GPUs to Ray (this
+machine has none) join the suite's cluster for these tests, and the function only reads
+where it was placed: no CUDA is started."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
-from cluster_support import start_cluster, stop_cluster
+from cluster_support import LocalCluster
 from notebook_accel import PlacementError, notebook_launcher
 from notebook_accel.config.settings import ENV_BACKEND
 
@@ -16,13 +18,10 @@ GPU_NODE = {"num_cpus": 1, "num_gpus": 2}
 
 
 @pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """A head without GPUs and two nodes of 2 GPUs (declared) and 1 CPU each."""
-    local = start_cluster(tmp_path_factory.mktemp("cluster"), nodes=3, node_args=GPU_NODE)
-    try:
-        yield local
-    finally:
-        stop_cluster(local)
+def gpu_nodes(ray_cluster: LocalCluster) -> Iterator[list]:
+    """Two nodes of 2 GPUs (declared) and 1 CPU each, beside the cluster's two without."""
+    with ray_cluster.more_nodes(2, **GPU_NODE) as nodes:
+        yield nodes
 
 
 def where_am_i():
@@ -37,7 +36,7 @@ def where_am_i():
     }
 
 
-def test_every_gpu_of_the_cluster_gets_a_worker_and_local_rank_names_it(ray_cluster):
+def test_every_gpu_of_the_cluster_gets_a_worker_and_local_rank_names_it(ray_cluster, gpu_nodes):
     # The default on a cluster with GPUs: one worker per GPU, on CUDA.
     places = notebook_launcher(
         where_am_i, cluster="ray", cpus_per_worker=0.25, return_all=True, live=False
@@ -46,7 +45,8 @@ def test_every_gpu_of_the_cluster_gets_a_worker_and_local_rank_names_it(ray_clus
     by_node: dict[str, list[dict]] = {}
     for place in places:
         by_node.setdefault(place["disk"], []).append(place)
-    assert len(by_node) == 2  # the head has no GPU
+    # The nodes with GPUs only: the other two have none.
+    assert set(by_node) == {str(ray_cluster.disks[node.node_id]) for node in gpu_nodes}
     for node_rank, node_places in enumerate(sorted(by_node.values(), key=lambda p: p[0]["rank"])):
         assert [p["local_rank"] for p in node_places] == [0, 1]
         assert {p["local_world_size"] for p in node_places} == {2}
@@ -57,7 +57,7 @@ def test_every_gpu_of_the_cluster_gets_a_worker_and_local_rank_names_it(ray_clus
         assert len(visible) == 1 and sorted(visible.pop()) == ["0", "1"]
 
 
-def test_workers_per_node_puts_that_many_on_each_node(ray_cluster):
+def test_workers_per_node_puts_that_many_on_each_node(ray_cluster, gpu_nodes):
     places = notebook_launcher(
         where_am_i,
         cluster="ray",
@@ -67,14 +67,18 @@ def test_workers_per_node_puts_that_many_on_each_node(ray_cluster):
         return_all=True,
         live=False,
     )
-    assert len({p["disk"] for p in places}) == 2
+    assert sorted(p["disk"] for p in places) == sorted(
+        str(ray_cluster.disks[node.node_id]) for node in gpu_nodes
+    )
     assert [p["local_world_size"] for p in places] == [1, 1]
     assert [len(p["visible"]) for p in places] == [1, 1]
 
 
-def test_more_gpu_workers_than_gpus_is_refused_naming_each_node_s_gpus(ray_cluster):
+def test_more_gpu_workers_than_gpus_is_refused_naming_each_node_s_gpus(gpu_nodes):
     with pytest.raises(PlacementError) as raised:
         notebook_launcher(where_am_i, cluster="ray", num_processes=5, cpus_per_worker=0.25)
     message = str(raised.value)
     assert "it asks for 5 workers of 1 GPU and 0.25 CPUs each" in message
-    assert "the cluster has 4 GPUs in all, on 3 nodes" in message
+    assert "the cluster has 4 GPUs in all, on 4 nodes" in message
+    for node in gpu_nodes:
+        assert f"node 127.0.0.1 ({node.node_id[:8]}) 2 GPUs" in message

@@ -6,6 +6,8 @@ kernel starts a cluster of its own rather than joining that one; and a start tha
 fails (a node that never registers, as on a machine too busy for Ray's 30 s) ends
 every process it started and says why, with what to do. A node that missed Ray's
 fixed registration wait once is started afresh, and the first start's processes end.
+Each interpreter keeps Ray's files in a directory of the test's own (RAY_TMPDIR), removed
+after it.
 """
 
 from __future__ import annotations
@@ -14,8 +16,13 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+from cluster_support import end_all_of
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -77,21 +84,34 @@ ray.shutdown()
 """
 
 
-def run(script: str, env: dict | None = None) -> dict:
+@pytest.fixture
+def ray_tmpdir() -> Iterator[Path]:
+    """The interpreter's RAY_TMPDIR: short, as Ray's unix sockets live under it and a
+    socket's path must fit in 107 bytes. After the test every process that uses it is
+    ended and it is removed: a raylet stopped at its start can leave agents it had just
+    started, which then run, orphaned, until their own start is done."""
+    path = Path(tempfile.mkdtemp(prefix="ray-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        end_all_of(path)
+
+
+def run(script: str, ray_tmpdir: Path, env: dict | None = None) -> dict:
     done = subprocess.run(
         [sys.executable, "-c", script],
         capture_output=True,
         text=True,
         timeout=150,
-        env={**os.environ, **(env or {})},
+        env={**os.environ, "RAY_TMPDIR": str(ray_tmpdir), **(env or {})},
     )
     assert done.returncode == 0, done.stderr[-3000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("RESULT "))
     return json.loads(line[len("RESULT ") :])
 
 
-def test_a_failed_start_stops_what_it_started_and_says_what_to_do():
-    result = run(FAILED_START)
+def test_a_failed_start_stops_what_it_started_and_says_what_to_do(ray_tmpdir):
+    result = run(FAILED_START, ray_tmpdir)
     assert result["left"] == []  # no gcs_server, raylet or log_monitor runs on
     message = result["message"]
     assert message.startswith("cluster='ray' without ray_address starts a Ray cluster")
@@ -99,17 +119,20 @@ def test_a_failed_start_stops_what_it_started_and_says_what_to_do():
     assert "run the cell again" in message and "ray_address='auto'" in message
 
 
-def test_a_node_that_missed_registration_once_is_started_afresh():
-    result = run(FIRST_START_LOST)
+def test_a_node_that_missed_registration_once_is_started_afresh(ray_tmpdir):
+    result = run(FIRST_START_LOST, ray_tmpdir)
     assert result["said"] == "a Ray cluster of this machine alone"
     assert result["alive"] == "ran"  # the second start's cluster runs tasks
     assert result["first"] != []  # the first start had processes of its own ...
     assert result["first_left"] == []  # ... and none of them runs on
 
 
-def test_the_kernel_starts_its_own_cluster_beside_another(ray_cluster):
+def test_the_kernel_starts_its_own_cluster_beside_another(ray_cluster, ray_tmpdir):
     """Another cluster runs on this machine and left its address where `ray.init()`
     looks (the suite's, started with ray.cluster_utils): the kernel's is a new one."""
-    result = run(OWN_CLUSTER, env={"RAY_ADDRESS": ""})
+    # Where that interpreter's ray.init() looks: under its RAY_TMPDIR.
+    (ray_tmpdir / "ray").mkdir()
+    (ray_tmpdir / "ray" / "ray_current_cluster").write_text(ray_cluster.address)
+    result = run(OWN_CLUSTER, ray_tmpdir, env={"RAY_ADDRESS": ""})
     assert result["said"] == "a Ray cluster of this machine alone"
     assert result["address"] != ray_cluster.address

@@ -1,6 +1,8 @@
 """A node of the cluster lost in the middle of a run (its raylet and processes killed, as a
 machine that dies): the run fails naming the node and its rank, or with max_restarts goes on
-on the nodes left, from the last checkpoint."""
+on the nodes left, from the last checkpoint. Each test leaves the suite's cluster as it
+found it: the node it lost is replaced, and the node it added leaves
+(`LocalCluster.more_nodes`); the cluster notices a lost node within seconds."""
 
 from __future__ import annotations
 
@@ -11,7 +13,7 @@ import time
 import pytest
 import torch
 
-from cluster_support import start_cluster, stop_cluster
+from cluster_support import LocalCluster
 from notebook_accel import WorkerError, last_run, notebook_launcher
 from notebook_accel.reporting.events import OutputLine
 from notebook_accel.reporting.observers import RunObserver
@@ -20,29 +22,28 @@ from tests_support import PROMPTLY
 ON_TWO_NODES = {"num_processes": 2, "cluster": "ray", "placement_strategy": "STRICT_SPREAD"}
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory):
-    """Its own cluster (nodes come and go here), noticing a lost node within seconds."""
-    local = start_cluster(tmp_path_factory.mktemp("cluster"), fast_health_checks=True)
-    try:
-        yield local
-    finally:
-        stop_cluster(local)
-
-
 class LoseNodeOf(RunObserver):
     """Kill the node of the first rank that is not on the head node (which holds the
     cluster itself), once that rank has said which disk it has and, with `after`, once a
     rank has printed that line (an event of the run, not a time: a loaded machine may not
-    have reached the first checkpoint half a second in)."""
+    have reached the first checkpoint half a second in). As a context manager, it waits
+    at the end of the block for the node's removal it started."""
 
-    def __init__(self, cluster, after: str | None = None) -> None:
+    def __init__(self, cluster: LocalCluster, after: str | None = None) -> None:
         self.cluster = cluster
         self.after = after
         self.lost_rank: int | None = None
         self.lost_at: float | None = None
         self.node = None
         self._seen_after = after is None
+        self._losing: threading.Thread | None = None
+
+    def __enter__(self) -> LoseNodeOf:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._losing is not None:
+            self._losing.join()
 
     def on_event(self, event, report) -> None:
         if not isinstance(event, OutputLine) or self.lost_at is not None:
@@ -55,7 +56,8 @@ class LoseNodeOf(RunObserver):
         self._seen_after = self._seen_after or line == self.after
         if self.lost_rank is not None and self._seen_after:
             self.lost_at = time.monotonic()
-            threading.Thread(target=self._lose, daemon=True).start()
+            self._losing = threading.Thread(target=self._lose, daemon=True)
+            self._losing.start()
 
     def _lose(self) -> None:
         time.sleep(0.5)  # a few steps further into the run
@@ -72,11 +74,12 @@ def steps_forever():
         time.sleep(0.02)
 
 
-def test_a_lost_node_fails_the_run_naming_the_node_and_its_rank(ray_cluster):
-    lose = LoseNodeOf(ray_cluster)
-    with pytest.raises(WorkerError) as raised:
-        notebook_launcher(steps_forever, observers=[lose], live=False, **ON_TWO_NODES)
-    noticed = time.monotonic() - lose.lost_at
+def test_a_lost_node_fails_the_run_naming_the_node_and_its_rank(ray_cluster: LocalCluster):
+    # The run's node besides the head is the cluster's own: it is replaced after the block.
+    with ray_cluster.more_nodes(), LoseNodeOf(ray_cluster) as lose:
+        with pytest.raises(WorkerError) as raised:
+            notebook_launcher(steps_forever, observers=[lose], live=False, **ON_TWO_NODES)
+        noticed = time.monotonic() - lose.lost_at
     assert noticed < PROMPTLY
     cause = raised.value.failures[0]
     assert cause.rank == lose.lost_rank
@@ -161,27 +164,22 @@ def train_saving_each_step(shared: str, steps_total: int):
 # and a restart; beside a busy machine's load they had reached step 27 of the second at 300 s.
 @pytest.mark.timeout(600)
 def test_with_max_restarts_the_run_goes_on_on_the_nodes_left_from_the_last_checkpoint(
-    ray_cluster, tmp_path
+    ray_cluster: LocalCluster, tmp_path
 ):
-    # Two fresh nodes besides the head: the run uses two of the three, then loses one.
-    spare = [ray_cluster.add_node(), ray_cluster.add_node()]
-    try:
+    # One more node besides the cluster's two: the run uses two of the three, loses one.
+    with ray_cluster.more_nodes(1):
         reference = notebook_launcher(
             train_saving_each_step, (str(tmp_path / "reference"), 30), live=False, **ON_TWO_NODES
         )
-        lose = LoseNodeOf(ray_cluster, after="saved step 3")
-        result = notebook_launcher(
-            train_saving_each_step,
-            (str(tmp_path / "restarted"), 30),
-            max_restarts=1,
-            observers=[lose],
-            live=False,
-            **ON_TWO_NODES,
-        )
-    finally:
-        for node in spare:
-            if node in ray_cluster.cluster.worker_nodes:
-                ray_cluster.remove_node(node)
+        with LoseNodeOf(ray_cluster, after="saved step 3") as lose:
+            result = notebook_launcher(
+                train_saving_each_step,
+                (str(tmp_path / "restarted"), 30),
+                max_restarts=1,
+                observers=[lose],
+                live=False,
+                **ON_TWO_NODES,
+            )
     assert last_run().restarts == 1
     assert lose.lost_at is not None
     assert 0 < result["resumed_at"] < 30

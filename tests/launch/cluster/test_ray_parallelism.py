@@ -1,6 +1,6 @@
-"""HSDP on a real Ray cluster of two nodes: each node's two workers shard the model
-between them, and the two nodes replicate it (the dp_replicate dimension across the
-nodes), training as DDP on four local workers."""
+"""HSDP on a real Ray cluster, on two nodes of 2 CPUs that join the suite's cluster for it:
+each node's two workers shard the model between them, and the two nodes replicate it (the
+dp_replicate dimension across the nodes), training as DDP on four local workers."""
 
 from __future__ import annotations
 
@@ -11,22 +11,17 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from cluster_support import LocalCluster, start_cluster, stop_cluster
+from cluster_support import LocalCluster
 from notebook_accel import Accelerator, ParallelismConfig, notebook_launcher
 
 pytestmark = pytest.mark.timeout(300)
 
 
-@pytest.fixture(scope="module")
-def ray_cluster(tmp_path_factory) -> Iterator[LocalCluster]:
-    """Two nodes of 2 CPUs each: two workers per node."""
-    local = start_cluster(
-        tmp_path_factory.mktemp("cluster"), nodes=2, head_cpus=2, node_args={"num_cpus": 2}
-    )
-    try:
-        yield local
-    finally:
-        stop_cluster(local)
+@pytest.fixture
+def two_cpu_nodes(ray_cluster: LocalCluster) -> Iterator[list]:
+    """Two nodes of 2 CPUs each, beside the cluster's two of 1 CPU: two workers per node."""
+    with ray_cluster.more_nodes(2, num_cpus=2) as nodes:
+        yield nodes
 
 
 def train(hsdp: bool) -> dict:
@@ -46,13 +41,21 @@ def train(hsdp: bool) -> dict:
     return {"weights": accelerator.get_state_dict(model), "disks": disks}
 
 
-def test_hsdp_replicates_across_the_two_nodes_and_trains_as_ddp(ray_cluster):
+def test_hsdp_replicates_across_the_two_nodes_and_trains_as_ddp(ray_cluster, two_cpu_nodes):
     local = notebook_launcher(train, args=(False,), num_processes=4, backend="cpu", timeout=120)
+    # Two on each node: only the two nodes of 2 CPUs can hold them.
     spread = notebook_launcher(
-        train, args=(True,), num_processes=4, backend="cpu", timeout=240, cluster="ray"
+        train,
+        args=(True,),
+        num_processes=4,
+        workers_per_node=2,
+        backend="cpu",
+        timeout=240,
+        cluster="ray",
     )
     first, second = spread["disks"][:2], spread["disks"][2:]
     # ranks 0-1 on one node, 2-3 on the other: each shard group inside a node
     assert len(set(first)) == 1 and len(set(second)) == 1 and first[0] != second[0]
+    assert {first[0], second[0]} == {str(ray_cluster.disks[n.node_id]) for n in two_cpu_nodes}
     for name, reference in local["weights"].items():
         torch.testing.assert_close(spread["weights"][name], reference, atol=1e-6, rtol=0)

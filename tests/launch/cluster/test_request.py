@@ -14,7 +14,7 @@ from notebook_accel.launch.cluster.agent import AgentInfo
 from notebook_accel.launch.cluster.connect import CLIENT_ATTEMPTS, CLIENT_SERVER_FAILED
 from notebook_accel.launch.cluster.pool import _places
 from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
-from tests_support import PROMPTLY, free_port
+from tests_support import PROMPTLY, closed_port
 
 
 def nodes(*cpus_and_gpus: tuple[float, float]) -> list[NodeResources]:
@@ -155,18 +155,19 @@ def test_without_ray_installed_the_error_says_how_to_install_it():
 
 @pytest.mark.parametrize("scheme", ["", "ray://"])
 def test_an_address_nothing_answers_at_is_refused_quickly_and_nothing_starts(scheme):
-    address = f"{scheme}127.0.0.1:{free_port()}"
-    started = time.monotonic()
-    done = launch_in_a_fresh_process(
-        "import ray\n"
-        "from notebook_accel import notebook_launcher\n"
-        "def f(): return 1\n"
-        "try:\n"
-        f"    notebook_launcher(f, cluster='ray', ray_address={address!r})\n"
-        "except ConnectionError as error:\n"
-        "    print('REFUSED', error)\n"
-        "print('CONNECTED', ray.is_initialized())\n"
-    )
+    with closed_port() as port:  # held for the test: nothing can listen there
+        address = f"{scheme}127.0.0.1:{port}"
+        started = time.monotonic()
+        done = launch_in_a_fresh_process(
+            "import ray\n"
+            "from notebook_accel import notebook_launcher\n"
+            "def f(): return 1\n"
+            "try:\n"
+            f"    notebook_launcher(f, cluster='ray', ray_address={address!r})\n"
+            "except ConnectionError as error:\n"
+            "    print('REFUSED', error)\n"
+            "print('CONNECTED', ray.is_initialized())\n"
+        )
     assert time.monotonic() - started < PROMPTLY  # not Ray's own wait for a cluster
     assert f"REFUSED cannot reach the Ray cluster at {address!r}" in done.stdout, done.stderr
     assert "Nothing was started" in done.stdout
