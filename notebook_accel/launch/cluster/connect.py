@@ -9,6 +9,7 @@ Ray cluster of this machine alone, bound to the loopback interface.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -235,7 +236,30 @@ def _end_failed_start(ray: Any, running_before: set[int]) -> None:
         ray.shutdown()
     except Exception:  # noqa: BLE001 - its processes are ended below either way
         pass
-    end_processes(descendant_pids() - running_before)
+    end_new_descendants(running_before)
+
+
+def end_new_descendants(running_before: set[int]) -> None:
+    """End every descendant of this process not in `running_before`, and all they start
+    meanwhile. Each is stopped (SIGSTOP) before any is ended, until no new one appears: a
+    raylet ended while it starts its agents would leave them running, no longer this
+    process's descendants, out of reach (ray::DashboardAgent, ray::RuntimeEnvAgent)."""
+    import psutil
+
+    seen = set(running_before)
+    stopped: list[psutil.Process] = []
+    while new := descendant_pids() - seen:
+        seen |= new
+        for pid in new:
+            with contextlib.suppress(psutil.Error):
+                process = psutil.Process(pid)
+                process.suspend()
+                stopped.append(process)
+    # Stopped processes act on SIGKILL alone; what a failed start leaves has nothing to save.
+    for process in stopped:
+        with contextlib.suppress(psutil.Error):
+            process.kill()
+    psutil.wait_procs(stopped, timeout=5.0)
 
 
 def _check_reachable(address: str) -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from cluster_support import end_all_of
+from cluster_support import end_all_of, running, using
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -113,6 +113,9 @@ def run(script: str, ray_tmpdir: Path, env: dict | None = None) -> dict:
 def test_a_failed_start_stops_what_it_started_and_says_what_to_do(ray_tmpdir):
     result = run(FAILED_START, ray_tmpdir)
     assert result["left"] == []  # no gcs_server, raylet or log_monitor runs on
+    # ... nor an agent the raylet was starting when it was ended, no longer the kernel's
+    # descendant but still writing its logs into the start's directory.
+    assert running(using(ray_tmpdir)) == set()
     message = result["message"]
     assert message.startswith("cluster='ray' without ray_address starts a Ray cluster")
     assert "timed out during startup" in message and "(2 tries)" in message
