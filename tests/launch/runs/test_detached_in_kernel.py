@@ -20,10 +20,10 @@ from tests_support import PROMPTLY, reply_to
 pytestmark = pytest.mark.usefixtures("runs_dir")
 
 TRAIN = """
-import time, torch
+import os, time, torch
 from notebook_accel import Accelerator, notebook_launcher, attach, runs
 
-def train(steps, pause=0.25, fail_rank=None):
+def train(steps, pause=0.25, fail_rank=None, hold_at=None, until=None):
     accelerator = Accelerator()
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 1)
@@ -39,6 +39,9 @@ def train(steps, pause=0.25, fail_rank=None):
         print(f"step {step}", flush=True)
         if step == 3 and accelerator.process_index == fail_rank:
             raise ValueError("rank 1 found a bad batch")
+        deadline = time.monotonic() + 300
+        while step == hold_at and not os.path.exists(until) and time.monotonic() < deadline:
+            time.sleep(0.05)  # held until the test says (a file), however slow the machine
         time.sleep(pause)
     return accelerator.unwrap_model(model).weight.detach().clone()
 """
@@ -110,12 +113,16 @@ def wait_for_line(run_id: str, line: str) -> None:
         time.sleep(0.1)
 
 
-def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels):
+def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels, tmp_path):
+    # The long run holds at step 10 until the second kernel has listed it: "running" is
+    # then what it is, not a race between its 30 steps and a kernel's start.
+    release = tmp_path / "release"
     first = kernels()
     text, displays = first.run_showing(
         TRAIN
         + "two = dict(num_processes=2, backend='cpu', detach=True)\n"
-        + "long_run = notebook_launcher(train, (30,), **two)\n"
+        + f"hold = {{'hold_at': 10, 'until': {str(release)!r}}}\n"
+        + "long_run = notebook_launcher(train, (30,), kwargs=hold, **two)\n"
         + "short_run = notebook_launcher(train, (3,), **two)\n"
         + "print(long_run.id, short_run.id)"
     )
@@ -129,9 +136,15 @@ def test_a_killed_kernel_s_runs_go_on_and_a_new_kernel_gets_them_whole(kernels):
     os.kill(first.pid, signal.SIGKILL)  # as the system's OOM killer ends a kernel
     psutil.Process(first.pid).wait(PROMPTLY)
     assert find_run(long_id).state() == "running"
+    deadline = time.monotonic() + PROMPTLY  # the short run goes on to its end, too
+    while find_run(short_id).state() != "finished" and time.monotonic() < deadline:
+        time.sleep(0.1)
 
     second = kernels()
-    text = second.run(TRAIN + f"print(runs())\ndetached = attach('{long_id}')")
+    text = second.run(
+        TRAIN + f"print(runs())\nopen({str(release)!r}, 'w').close()\n"
+        f"detached = attach('{long_id}')"
+    )
     assert f"{long_id}  running" in text and f"{short_id}  finished" in text
     for rank_prefix in ("", "[rank 1] "):
         shown = [line for line in text.splitlines() if line.startswith(f"{rank_prefix}step ")]
