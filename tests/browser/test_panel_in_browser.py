@@ -68,7 +68,10 @@ def test_launch_with_bf16_from_the_panel_then_stop_a_long_run(lab_server, page):
 
     outcome = quick.locator(".notebook-accel-outcome")
     outcome.filter(has_text="finished").wait_for(timeout=90_000)
+    # The status comes from the run's last event; the result box once the launch has
+    # returned, a moment later.
     result = quick.locator(".notebook-accel-result")
+    result.filter(has_text="Result").wait_for(timeout=PROMPTLY * 1000)
     assert "'precision': 'bf16'" in result.inner_text()
     logs = quick.locator(".notebook-accel-logs").inner_text()
     assert "rank 0 trains in bf16" in logs and "[rank 1] rank 1 trains in bf16" in logs
@@ -89,7 +92,9 @@ def test_launch_with_bf16_from_the_panel_then_stop_a_long_run(lab_server, page):
     # The run has 100,000 steps to go: only the stop ends it within the wait.
     stopped = slow.locator(".notebook-accel-outcome").filter(has_text="stopped")
     stopped.wait_for(timeout=PROMPTLY * 1000)
-    assert "every worker was terminated" in slow.locator(".notebook-accel-result").inner_text()
+    terminated = slow.locator(".notebook-accel-result").filter(has_text="Stopped")
+    terminated.wait_for(timeout=PROMPTLY * 1000)
+    assert "every worker was terminated" in terminated.inner_text()
     stopped_at = re.compile(r"stopped at step \d+/100000")
     slow.locator(".notebook-accel-progress").filter(has_text=stopped_at).wait_for(timeout=10_000)
     screenshot(page, "panel-stopped", locator=slow)
