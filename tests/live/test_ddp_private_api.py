@@ -29,6 +29,7 @@ from torch.nn.parallel import DistributedDataParallel
 from notebook_accel import WorkerError
 from notebook_accel.accelerator import comm_hooks
 from notebook_accel.config.kwargs import DistributedDataParallelKwargs
+from notebook_accel.launch.forking import heap_frozen
 from notebook_accel.live import regroup, start_workers
 from notebook_accel.training import ddp_teardown
 
@@ -48,12 +49,16 @@ def on_two_ranks(scenario: Callable[..., dict[str, Any]], *args: Any) -> list[di
     """Run `scenario(rank, store, *args)` in 2 forked processes; return each rank's result.
     The store is here, as the kernel's is (launch/rendezvous.py), so breaking the ranks'
     connections to each other leaves it up; like the kernel's, it starts serving after
-    the fork (a thread running during a fork can leave a lock held in the child)."""
+    the fork (a thread running during a fork can leave a lock held in the child).
+    Like the launcher's workers, the ranks never collect this process's garbage: an
+    earlier test's DDP model left in a reference cycle holds its gloo group, whose
+    destructor joins threads a fork does not copy (both ranks hung in it)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
-        context = mp.start_processes(
-            _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
-        )
+        with heap_frozen():
+            context = mp.start_processes(
+                _run, args=(port, scenario, args), nprocs=WORLD, join=False, start_method="fork"
+            )
         try:
             store = dist.TCPStore(
                 "127.0.0.1",
@@ -109,6 +114,11 @@ def break_and_form_again(rank: int, store: dist.Store) -> dist.ProcessGroup:
     dist.init_process_group(
         "gloo", store=dist.PrefixStore("new/", store), rank=rank, world_size=WORLD, timeout=TIMEOUT
     )
+    # A rank whose scenario never uses the new group leaves it as it returns; gloo's
+    # connect of a peer still waiting to see the connection made then fails on its end
+    # closed ("Connection closed by peer"). Neither leaves before both have formed it.
+    store.set(f"formed/{rank}", "1")
+    store.wait([f"formed/{1 - rank}"], TIMEOUT)
     return dist.group.WORLD
 
 
