@@ -148,9 +148,17 @@ def test_a_killed_driver_s_run_goes_on_and_a_new_kernel_gets_it_and_stops_the_ot
     assert "now stopped" in stopped["text"], stopped["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
 
-    # A keeper that dies takes its agents and workers along; the kernel that holds the
-    # run gets RunLostError, and resumes it from its newest checkpoint to the weights of a
-    # run never interrupted.
+
+# Its own test: with the killed driver's scenario, under load, the two outran one time limit.
+def test_a_killed_keeper_takes_its_agents_and_the_run_resumes_from_its_checkpoint(
+    ray_cluster, kernels, tmp_path
+):
+    """A keeper that dies takes its agents and workers along; the kernel that holds the
+    run gets RunLostError, and resumes it from its newest checkpoint to the weights of a
+    run never interrupted."""
+    _, client = kernels()
+    setup = SETUP.replace("RAY_ADDRESS", repr(ray_cluster.address))
+    assert run_in_kernel(client, setup, timeout=PROMPTLY)["reply"]["status"] == "ok"
     started = run_in_kernel(
         client,
         f"doomed = notebook_launcher(resumable, ({str(tmp_path / 'doomed')!r}, 9, 6),"
