@@ -30,7 +30,7 @@ from notebook_accel.reporting.events import (
     RunEnded,
     RunEvent,
 )
-from notebook_accel.reporting.observers import ObserverGroup, RunObserver
+from notebook_accel.reporting.observers import RunFeed, RunObserver
 from notebook_accel.reporting.report import RunReport
 
 # The report of the most recently started launch in this process (each run
@@ -65,18 +65,17 @@ def run_plan(
     if not report.started_at:
         report.started_at = time.time()
     _last_run = report
-    observers = ObserverGroup([observer])
+    feed = RunFeed(report, [observer])
 
     warmer = _warmer_for(plan, report)
 
     def emit(event: RunEvent) -> None:
-        report.apply(event)
         if isinstance(event, ModulesImported):
             if plan.start_method == "forkserver":  # the template warms, not this process
                 template.preload(event.modules)
             else:
                 warmer.offer(event.modules)
-        observers.on_event(event, report)
+        feed(event)
 
     error: BaseException | None = None
     if plan.fresh_start_reason:

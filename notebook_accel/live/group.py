@@ -44,7 +44,7 @@ from notebook_accel.launch.supervisor import StopSignal, WorkerGroupBase, interr
 from notebook_accel.live.protocol import Call, encode
 from notebook_accel.live.values import unpack
 from notebook_accel.reporting.events import CallFinished, MetricRecord, Progress, RunEvent
-from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
+from notebook_accel.reporting.observers import ConsoleObserver, RunFeed, RunObserver
 
 if TYPE_CHECKING:
     from notebook_accel.launch.packing import SentValues
@@ -91,8 +91,9 @@ class LiveWorkers:
         main_rank = plan.node_rank * plan.local_world_size
         self.ranks = list(range(main_rank, main_rank + plan.local_world_size))
         self._observers = [ConsoleObserver(plan.output, main_rank=main_rank), *(observers or [])]
+        self._feed = RunFeed(self.report, self._observers)
         self._live = live
-        self._call_view: RunObserver | None = None
+        self._call_view: RunObserver | None = None  # among the observers while a call runs
         self._group: WorkerGroupBase | None = None
         self._opened: contextlib.ExitStack | None = None
         self._ids = itertools.count(1)
@@ -125,6 +126,7 @@ class LiveWorkers:
         if self._group is not None:
             return
         self.report = self.plan.new_report(started_at=time.time())
+        self._feed = RunFeed(self.report, self._observers)
         self._finished = {0: {}}
         self._opened = contextlib.ExitStack()
         try:
@@ -248,7 +250,7 @@ class LiveWorkers:
         call = Call(call_id, kind, payload, tuple(chosen), return_all, filename)
         self._finished[call_id] = {}
         timeout = self.call_timeout if timeout is None else timeout
-        self._call_view = None
+        self._drop_call_view()
         self._call_first_line = self.report.lines_received  # its view shows its own
         self._broken = False
         self._still_in_call = []
@@ -562,12 +564,11 @@ class LiveWorkers:
         if isinstance(event, CallFinished):
             self._finished.setdefault(event.call_id, {})[event.rank] = event
             return
-        self.report.apply(event)
         if isinstance(event, (MetricRecord, Progress)) and self._call_view is None:
             self._call_view = self._new_view()
-        for observer in (*self._observers, self._call_view):
-            if observer is not None:
-                observer.on_event(event, self.report)
+            if self._call_view is not None:
+                self._observers.append(self._call_view)
+        self._feed(event)
 
     def _new_view(self) -> RunObserver | None:
         if self._live is False:
@@ -581,11 +582,16 @@ class LiveWorkers:
     def _finish_view(self) -> None:
         """Every view draws the call's last figures (views redraw at a bounded rate,
         and the group goes on, so no final redraw comes otherwise)."""
-        views = [*self._observers, self._call_view]
-        self._call_view = None
+        views = [*self._observers]
+        self._drop_call_view()
         for view in views:
             if getattr(view, "report", None) is not None and hasattr(view, "changed"):
                 view.changed(final=False)
+
+    def _drop_call_view(self) -> None:
+        view, self._call_view = self._call_view, None
+        if view is not None:
+            self._observers.remove(view)
 
     def _end(self, because: str) -> None:
         self._group = None

@@ -84,3 +84,17 @@ class ObserverGroup(RunObserver):
                     f"{type(observer).__name__} could not show the end of the run: {failure!r}",
                     stacklevel=2,
                 )
+
+
+class RunFeed(ObserverGroup):
+    """Where a run's events come in: each is folded into the run's report, then handed
+    with it to every observer, in order. The attached launch, live workers, a detached
+    run's keeper and whoever follows that run all take their events in through one."""
+
+    def __init__(self, report: RunReport, observers: list[RunObserver] | None = None) -> None:
+        super().__init__(observers if observers is not None else [])
+        self.report = report
+
+    def __call__(self, event: RunEvent) -> None:
+        self.report.apply(event)
+        self.on_event(event, self.report)

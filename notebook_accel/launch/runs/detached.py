@@ -18,7 +18,7 @@ from typing import Any
 
 from notebook_accel.launch.runs.directory import RunRecord
 from notebook_accel.reporting.events import RunEnded
-from notebook_accel.reporting.observers import ObserverGroup, RunObserver
+from notebook_accel.reporting.observers import RunFeed, RunObserver
 from notebook_accel.reporting.report import RunReport, rank_prefix
 
 # How often a follower looks for new events (the keeper appends as they come).
@@ -77,7 +77,7 @@ class DetachedRun:
             started_at=record.created,
         )
         self.report.checkpoint = record.checkpoint
-        self._observers = ObserverGroup([])
+        self._feed = RunFeed(self.report)
         self._lock = threading.Lock()  # one follower reads the log at a time
         self._ended = threading.Event()
         self._thread: threading.Thread | None = None
@@ -151,8 +151,7 @@ class DetachedRun:
         return False
 
     def _take(self, event: Any) -> None:
-        self.report.apply(event)
-        self._observers.on_event(event, self.report)
+        self._feed(event)
         if isinstance(event, RunEnded):
             self._ended.set()
 
@@ -186,7 +185,7 @@ class DetachedRun:
     def add_observer(self, observer: RunObserver) -> None:
         """Hand `observer` every event from now on, as whoever follows the run reads it
         (the events so far, if nobody has read them yet)."""
-        self._observers.observers.append(observer)
+        self._feed.observers.append(observer)
 
     def follow_in_background(self, observer: RunObserver) -> None:
         """Hand every event, those so far first, to `observer` on a thread of its own."""
