@@ -12,6 +12,7 @@ the end raises `RunLostError`. One subclass per place a keeper runs: local.py
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -236,9 +237,18 @@ class DetachedRun:
                 f"run {self.id} is {state}: only a run that was lost, failed or stopped is "
                 "resumed (stop() it first to start over from its checkpoint)"
             )
-        return self._relaunch(self.report.checkpoint)
+        plan = self._shipped_plan()
+        plan = dataclasses.replace(plan, resume_from=self.report.checkpoint or plan.resume_from)
+        return self.start(plan, resumed_from=self.id)
 
-    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
+    @classmethod
+    def start(cls, plan: Any, resumed_from: str | None = None) -> DetachedRun:
+        """Start a checked launch plan under a keeper of this place; return its handle at
+        once. `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
+        raise NotImplementedError
+
+    def _shipped_plan(self) -> Any:
+        """The launch as it was shipped to the keeper (for `resume`)."""
         raise NotImplementedError
 
     def forget(self) -> None:

@@ -113,6 +113,25 @@ class RunRecord:
     def ended_state(self) -> bool:
         return self.state in ENDED_STATES
 
+    @classmethod
+    def of_plan(cls, run_id: str, plan: Any, **fields: Any) -> RunRecord:
+        """The first record of a run of the checked launch `plan`; `fields` are what
+        differs from what the plan says (where the keeper runs, the run it resumes)."""
+        shape = {"main_rank": plan.node_rank * plan.local_world_size}
+        shape.update(local_world_size=plan.local_world_size, start_method=plan.start_method)
+        return cls(
+            run_id,
+            getattr(plan.function, "__qualname__", repr(plan.function)),
+            time.time(),
+            world_size=plan.world_size,
+            return_all=plan.return_all,
+            output=plan.output,
+            backend=plan.settings.backend,
+            mixed_precision=plan.settings.mixed_precision,
+            checkpoint=plan.resume_from,
+            **{**shape, **fields},
+        )
+
 
 class RunDirectory:
     """One run's directory: its record, event log, shipped plan and keeper log."""
@@ -121,14 +140,13 @@ class RunDirectory:
         self.path = Path(path)
 
     @classmethod
-    def create(cls, function: str, **fields: Any) -> RunDirectory:
-        """A new private run directory under `runs_root()`, with its first record."""
-        root = runs_root()
+    def create(cls, plan: Any, **fields: Any) -> RunDirectory:
+        """A new private run directory under `runs_root()`, with the first record of a
+        run of `plan` (`RunRecord.of_plan`)."""
         run_id = new_run_id()
-        path = root / run_id
-        path.mkdir(mode=0o700)
-        directory = cls(path)
-        directory.write(RunRecord(id=run_id, function=function, created=time.time(), **fields))
+        directory = cls(runs_root() / run_id)
+        directory.path.mkdir(mode=0o700)
+        directory.write(RunRecord.of_plan(run_id, plan, **fields))
         return directory
 
     @property

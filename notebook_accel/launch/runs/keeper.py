@@ -1,13 +1,10 @@
-"""The keeper: the process that owns a detached run's workers instead of the kernel.
+"""The keeper: what owns a detached run's workers instead of the kernel.
 
-Started by starting.py. It runs the launch exactly as the kernel would
-(`run_plan`): it forks the workers, and its janitor and their parent-death
-signal end them if the keeper itself is killed. Every event goes to the run's
-log (log.py) instead of a cell; the record (run.json) says how it ended.
-
-A stop from any kernel is SIGINT (or SIGTERM) to the keeper: the launch then
-stops every worker, as the stop button does in a cell, and the run ends
-"stopped".
+It runs the launch as the kernel would (`run_plan`); every event goes to the
+run's log (log.py) instead of a cell, and the run's record says how it ended.
+One body, `Keeper`; only where the events and the record go differs: a process
+of this machine, its run directory (`LocalKeeper`, started by starting.py), or
+a detached Ray actor, its memory (`ClusterKeeper`, on_cluster.py).
 """
 
 from __future__ import annotations
@@ -15,33 +12,97 @@ from __future__ import annotations
 import dataclasses
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
 from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.directory import RunDirectory
-from notebook_accel.launch.runs.log import EventLogWriter
+from notebook_accel.launch.runs.log import EventLog, EventLogWriter
 from notebook_accel.launch.runs.starting import read_plan
+from notebook_accel.launch.supervisor import StopSignal
 from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
 from notebook_accel.reporting.observers import RunObserver
 from notebook_accel.reporting.report import final_status
 
 
-class _LogObserver(RunObserver):
-    """Appends every event to the run's log; the record gets the newest checkpoint."""
+class Keeper(RunObserver):
+    """Runs one detached run to its end: every event into `log`, the newest checkpoint
+    and how the run ended into its record. One subclass per place a keeper runs."""
 
-    def __init__(self, directory: RunDirectory, writer: EventLogWriter) -> None:
-        self.directory = directory
-        self.writer = writer
+    def __init__(self, log: EventLog, stop: StopSignal | None = None) -> None:
+        self.log = log
+        self._stop = stop
+        self._lock = threading.Lock()  # kernels read the log while the run appends
+
+    # -- what each place provides: the launch as it runs there, the run's record
+
+    def _plan(self) -> Any: ...
+
+    def _record_state(self) -> str: ...
+
+    def _update_record(self, **changes: Any) -> None: ...
+
+    # -- the body ---------------------------------------------------------------------
+
+    def keep(self, started_at: float) -> None:
+        """Run the launch to its end; its record and its log say how it ended."""
+        ended = RunEnded(RuntimeError("the keeper ended before the run did"))
+        status = "lost"
+        try:
+            # Nothing launches from the keeper after the run: warming would only cost time.
+            plan = dataclasses.replace(self._plan(), warm=False)
+            run_plan(plan, self, stop=self._stop, report=plan.new_report(started_at=started_at))
+            ended, status = RunEnded(None), "finished"
+        except BaseException as error:  # noqa: BLE001 - the record and the log say how it ended
+            ended, status = RunEnded(error), final_status(error)
+            if status == "failed" and not hasattr(error, "failures"):  # not the workers' error
+                print(f"the run could not start: {error!r}", file=sys.stderr)
+        finally:
+            error = None if ended.error is None else str(ended.error).splitlines()[0][:500]
+            self._update_record(state=status, ended=ended.time, error=error)
+            self._append(ended)
+            self.log.close()
 
     def on_event(self, event: RunEvent, report: Any) -> None:
         if isinstance(event, RunEnded):
-            return  # written by keeper_main, after the record says how the run ended
-        self.writer.append(event)
+            return  # appended by keep(), once the record says how the run ended
+        self._append(event)
         if isinstance(event, CheckpointSaved):
-            self.directory.update(checkpoint=event.path)
-        elif report.status == "running" and self.directory.read().state == "starting":
-            self.directory.update(state="running")
+            self._update_record(checkpoint=event.path)
+        elif report.status == "running" and self._record_state() == "starting":
+            self._update_record(state="running")
+
+    def _append(self, event: RunEvent) -> None:
+        with self._lock:
+            self.log.append(event)
+
+
+class LocalKeeper(Keeper):
+    """The keeper process of a run of this machine, its run directory. Its janitor and the
+    workers' parent-death signal end them if the keeper is killed; a stop from any kernel
+    is SIGINT (or SIGTERM) to it, and the run then ends "stopped"."""
+
+    def __init__(self, directory: RunDirectory, stops: list[int] | None = None) -> None:
+        super().__init__(EventLogWriter(directory.path))
+        self.directory = directory
+        self._stops = stops
+
+    def _plan(self) -> Any:
+        # From here a stop raises KeyboardInterrupt (until run_plan turns it into a clean
+        # stop of the workers); `kill PID` stops the run as a stop press does.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
+        if self._stops:
+            raise KeyboardInterrupt("the run was stopped before its workers started")
+        return read_plan(self.directory)
+
+    def _record_state(self) -> str:
+        return self.directory.read().state
+
+    def _update_record(self, **changes: Any) -> None:
+        self.directory.update(**changes)
 
 
 def keeper_main(path: str, stops: list[int] | None = None) -> None:
@@ -50,33 +111,4 @@ def keeper_main(path: str, stops: list[int] | None = None) -> None:
     `stops`: the stop signals that came before this could act on them (the run then
     ends "stopped" before any worker starts)."""
     directory = RunDirectory(Path(path))
-    writer = EventLogWriter(directory.path)
-    ended = RunEnded(RuntimeError("the keeper ended before the run did"))
-    status = "lost"
-    try:
-        # From here a stop raises KeyboardInterrupt (until run_plan turns it into a clean
-        # stop of the workers); `kill PID` stops the run as a stop press does.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, lambda signum, frame: signal.raise_signal(signal.SIGINT))
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
-        if stops:
-            raise KeyboardInterrupt("the run was stopped before its workers started")
-        plan = read_plan(directory)
-        # Nothing launches from this process after the run: warming would only cost time.
-        plan = dataclasses.replace(plan, warm=False)
-        report = plan.new_report()
-        report.started_at = directory.read().created
-        run_plan(plan, _LogObserver(directory, writer), report=report)
-        ended, status = RunEnded(None), "finished"
-    except BaseException as error:  # noqa: BLE001 - the record and the log say how it ended
-        ended, status = RunEnded(error), final_status(error)
-        if status == "failed" and not hasattr(error, "failures"):  # not the workers' error
-            print(f"the run could not start: {error!r}", file=sys.stderr)
-    finally:
-        directory.update(
-            state=status,
-            ended=ended.time,
-            error=None if ended.error is None else str(ended.error).splitlines()[0][:500],
-        )
-        writer.append(ended)
-        writer.close()
+    LocalKeeper(directory, stops).keep(started_at=directory.read().created)

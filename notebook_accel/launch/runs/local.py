@@ -7,7 +7,6 @@ run directory (directory.py, log.py); `LocalRun` reads them from there.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import signal
 import time
@@ -78,28 +77,15 @@ class LocalRun(DetachedRun):
         self._reader.close()
         shutil.rmtree(self.directory.path)
 
-    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
-        plan = read_plan(self.directory)
-        plan = dataclasses.replace(plan, resume_from=checkpoint or plan.resume_from)
-        return start_detached(plan, resumed_from=self.id)
+    def _shipped_plan(self) -> Any:
+        return read_plan(self.directory)
+
+    @classmethod
+    def start(cls, plan: Any, resumed_from: str | None = None) -> LocalRun:
+        directory = RunDirectory.create(plan, resumed_from=resumed_from)
+        write_plan(directory, plan)
+        start_keeper(directory)
+        return cls(directory)
 
 
-def start_detached(plan: Any, resumed_from: str | None = None) -> DetachedRun:
-    """Start a checked launch plan under a keeper process; return its handle at once.
-    `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
-    directory = RunDirectory.create(
-        function=getattr(plan.function, "__qualname__", repr(plan.function)),
-        world_size=plan.world_size,
-        main_rank=plan.node_rank * plan.local_world_size,
-        local_world_size=plan.local_world_size,
-        return_all=plan.return_all,
-        output=plan.output,
-        backend=plan.settings.backend,
-        mixed_precision=plan.settings.mixed_precision,
-        start_method=plan.start_method,
-        checkpoint=plan.resume_from,
-        resumed_from=resumed_from,
-    )
-    write_plan(directory, plan)
-    start_keeper(directory)
-    return LocalRun(directory)
+start_detached = LocalRun.start

@@ -19,12 +19,12 @@ an event twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import pickle
 import struct
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import cloudpickle
 
@@ -59,7 +59,7 @@ def encode(sequence: int, event: RunEvent) -> bytes:
         if not isinstance(error, BaseException):
             raise
         replaced = RuntimeError(f"{type(error).__name__}: {error}")
-        payload = cloudpickle.dumps((sequence, _with_error(event, replaced)), protocol=5)
+        payload = cloudpickle.dumps((sequence, dataclasses.replace(event, error=replaced)), 5)
     return HEADER.pack(len(payload)) + payload
 
 
@@ -84,19 +84,14 @@ def decode(data: bytes) -> list[tuple[int, RunEvent]]:
     return found
 
 
-def _with_error(event: Any, error: BaseException) -> Any:
-    import dataclasses
-
-    return dataclasses.replace(event, error=error)
-
-
-def kept_after_compaction(entries: list[tuple[int, RunEvent]]) -> list[tuple[int, RunEvent]]:
-    """The entries a new segment starts with: all but each rank's older output lines,
-    progress updates and memory samples."""
+def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
+    """The entries (sequence number, event, ...) a compacted log starts with: all but each
+    rank's older output lines, progress updates and memory samples."""
     lines_left: Counter = Counter()
     seen_progress, seen_sample = set(), set()
     kept = []
-    for sequence, event in reversed(entries):
+    for entry in reversed(entries):
+        event = entry[1]
         if isinstance(event, OutputLine):
             lines_left[event.rank] += 1
             if lines_left[event.rank] > MAX_RANK_LINES:
@@ -109,52 +104,73 @@ def kept_after_compaction(entries: list[tuple[int, RunEvent]]) -> list[tuple[int
             if event.rank in seen_sample:
                 continue
             seen_sample.add(event.rank)
-        kept.append((sequence, event))
+        kept.append(entry)
     kept.reverse()
     return kept
 
 
-class EventLogWriter:
-    """Appends a run's events to its directory (in the keeper)."""
+class EventLog:
+    """A run's events as numbered records, bounded: once they pass `limit` bytes, only
+    what compaction keeps stays. Kept in memory (a keeper on a Ray cluster);
+    `EventLogWriter` also writes them to a run directory."""
 
-    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
-        self.directory = directory
+    def __init__(self, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.segment_bytes = segment_bytes
         self.limit = segment_bytes
         self.sequence = 0
-        self.entries: list[tuple[int, RunEvent, int]] = []  # (sequence, event, record size)
-        self.number = 0
+        self.entries: list[tuple[int, RunEvent, bytes]] = []  # (sequence, event, record)
         self.size = 0
+
+    def append(self, event: RunEvent) -> None:
+        self.sequence += 1
+        record = encode(self.sequence, event)
+        self.entries.append((self.sequence, event, record))
+        self.size += len(record)
+        self._written(record)
+        if self.size > self.limit:
+            self.entries = kept_after_compaction(self.entries)
+            self.size = sum(len(record) for _, _, record in self.entries)
+            # What cannot be dropped (metrics) may fill a segment: leave room for as much again.
+            self.limit = max(self.segment_bytes, 2 * self.size)
+            self._compacted()
+
+    def read(self, after: int = 0) -> bytes:
+        """The records of the events after sequence number `after`."""
+        return b"".join(record for sequence, _, record in self.entries if sequence > after)
+
+    def _written(self, record: bytes) -> None: ...
+
+    def _compacted(self) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class EventLogWriter(EventLog):
+    """Appends a run's events to its directory (in the keeper): a compaction starts the
+    next segment with what is kept and removes the old one."""
+
+    def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
+        super().__init__(segment_bytes)
+        self.directory = directory
+        self.number = 0
         self._fd = self._open(self.number)
 
     def _open(self, number: int) -> int:
         flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
         return open_private(segment_path(self.directory, number), flags)
 
-    def append(self, event: RunEvent) -> None:
-        self.sequence += 1
-        record = encode(self.sequence, event)
+    def _written(self, record: bytes) -> None:
         os.write(self._fd, record)
-        self.entries.append((self.sequence, event, len(record)))
-        self.size += len(record)
-        if self.size > self.limit:
-            self._compact()
 
-    def _compact(self) -> None:
-        sizes = {sequence: size for sequence, _, size in self.entries}
-        kept = kept_after_compaction([(sequence, event) for sequence, event, _ in self.entries])
-        self.entries = [(sequence, event, sizes[sequence]) for sequence, event in kept]
+    def _compacted(self) -> None:
         number = self.number + 1
         partial = self.directory / f".partial{_SUFFIX}"
-        write_private(partial, b"".join(encode(sequence, event) for sequence, event in kept))
+        write_private(partial, self.read())
         os.replace(partial, segment_path(self.directory, number))
         old, self._fd = self._fd, self._open(number)
         os.close(old)
         segment_path(self.directory, self.number).unlink(missing_ok=True)
         self.number = number
-        self.size = sum(size for _, _, size in self.entries)
-        # What cannot be dropped (metrics) may fill a segment: leave room for as much again.
-        self.limit = max(self.segment_bytes, 2 * self.size)
 
     def close(self) -> None:
         with contextlib.suppress(OSError):

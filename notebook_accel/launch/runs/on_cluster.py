@@ -22,23 +22,16 @@ from typing import Any
 
 from notebook_accel.launch.cluster.connect import connect, require_ray
 from notebook_accel.launch.cluster.pool import AGENT_RUNTIME_ENV
-from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.detached import DetachedRun
 from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, RunRecord, new_run_id
-from notebook_accel.launch.runs.log import decode, encode, kept_after_compaction
+from notebook_accel.launch.runs.keeper import Keeper
+from notebook_accel.launch.runs.log import EventLog, decode
 from notebook_accel.launch.runs.starting import plan_bytes, plan_from_bytes
 from notebook_accel.launch.supervisor import StopSignal
-from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
-from notebook_accel.reporting.observers import RunObserver
-from notebook_accel.reporting.report import final_status
 
-# A cluster run's id starts so: attach() and runs() know where to look for it.
-ID_PREFIX = CLUSTER_ID_PREFIX
 ACTOR_PREFIX = "notebook_accel-run-"
 # How long an ended run's keeper waits for a kernel to come for the outcome.
 KEEP_ENDED_SECONDS = 3600.0
-# Events a keeper holds before it keeps only what a view shows (log.py's compaction).
-KEPT_EVENTS = 20_000
 # The longest a kernel waits for one answer of the keeper before taking it as gone.
 ANSWER_SECONDS = 30.0
 
@@ -49,75 +42,44 @@ def runs_namespace() -> str:
     return f"notebook_accel_runs_{getpass.getuser()}"
 
 
-class _Collector(RunObserver):
-    def __init__(self, keeper: ClusterKeeper) -> None:
-        self.keeper = keeper
-
-    def on_event(self, event: RunEvent, report: Any) -> None:
-        if not isinstance(event, RunEnded):  # the keeper adds it once the record says so
-            self.keeper._append(event)
-
-
-class ClusterKeeper:
+class ClusterKeeper(Keeper):
     """Runs on the cluster as a detached Ray actor (`ray.remote(ClusterKeeper)`): one
-    detached run, started when the actor is, and its events."""
+    detached run, started when the actor is, its record and events in memory."""
 
     def __init__(self, record: RunRecord, launch: bytes) -> None:
         from notebook_accel.launch.cluster.group import import_what_a_run_uses
 
         import_what_a_run_uses()  # here, not on the run's thread (see that function)
+        super().__init__(EventLog(), stop=StopSignal())
         self._record = record
-        self._entries: list[tuple[int, bytes]] = []
-        self._events: list[tuple[int, RunEvent]] = []
-        self._sequence = 0
-        self._limit = KEPT_EVENTS
-        self._lock = threading.Lock()
-        self._stop = StopSignal()
         self._launch = launch
         threading.Thread(target=self._run, name="notebook_accel-run", daemon=True).start()
 
     def _run(self) -> None:
-        ended, status = RunEnded(RuntimeError("the run could not start")), "failed"
-        try:
-            plan = plan_from_bytes(self._launch)
-            # The actor is inside the cluster: it uses its own connection; the pool goes as
-            # soon as the run ends (nothing launches after it from here).
-            request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
-            plan = dataclasses.replace(plan, cluster=request, warm=False)
-            report = plan.new_report(started_at=self._record.created)
-            with self._lock:
-                self._record.state = "running"
-            run_plan(plan, _Collector(self), stop=self._stop, report=report)
-            ended, status = RunEnded(None), "finished"
-        except BaseException as error:  # noqa: BLE001 - the outcome the kernels get
-            ended, status = RunEnded(error), final_status(error)
-        with self._lock:
-            self._record.state = status
-            self._record.ended = ended.time
-            self._record.error = None if ended.error is None else str(ended.error)[:500]
-        self._append(ended)
+        self.keep(started_at=self._record.created)
         time.sleep(KEEP_ENDED_SECONDS)
         os._exit(0)  # nobody came for the outcome: the actor ends
 
-    def _append(self, event: RunEvent) -> None:
+    def _plan(self) -> Any:
+        plan = plan_from_bytes(self._launch)
+        # The actor is inside the cluster: it uses its own connection; the pool goes as
+        # soon as the run ends (nothing launches after it from here).
+        request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
+        return dataclasses.replace(plan, cluster=request)
+
+    def _record_state(self) -> str:
+        return self._record.state
+
+    def _update_record(self, **changes: Any) -> None:
         with self._lock:
-            self._sequence += 1
-            self._events.append((self._sequence, event))
-            self._entries.append((self._sequence, encode(self._sequence, event)))
-            if isinstance(event, CheckpointSaved):
-                self._record.checkpoint = event.path
-            if len(self._entries) > self._limit:
-                self._events = kept_after_compaction(self._events)
-                kept = {sequence for sequence, _ in self._events}
-                self._entries = [entry for entry in self._entries if entry[0] in kept]
-                self._limit = max(KEPT_EVENTS, 2 * len(self._entries))
+            self._record = dataclasses.replace(self._record, **changes)
 
     # -- what kernels call ---------------------------------------------------------
 
     def read(self, after: int) -> bytes:
         """The records of the events after sequence number `after`."""
         with self._lock:
-            return b"".join(record for sequence, record in self._entries if sequence > after)
+            return self.log.read(after)
 
     def record(self) -> RunRecord:
         """The run's record: what was launched, its state, its newest checkpoint."""
@@ -188,7 +150,7 @@ class ClusterRun(DetachedRun):
         ray = require_ray()
         ray.kill(self._actor, no_restart=True)
 
-    def _relaunch(self, checkpoint: str | None) -> DetachedRun:
+    def _shipped_plan(self) -> Any:
         ray = require_ray()
         launch = self._launch
         if launch is None:
@@ -198,47 +160,40 @@ class ClusterRun(DetachedRun):
                 raise RuntimeError(
                     f"run {self.id}'s keeper died, and its launch with it: only the kernel "
                     "that started the run can resume it. Launch the function again with "
-                    f"detach=True and have it load the checkpoint ({checkpoint or 'none'})"
+                    "detach=True and have it load the checkpoint "
+                    f"({self.report.checkpoint or 'none'})"
                 ) from None
-        plan = plan_from_bytes(launch)
-        plan = dataclasses.replace(plan, resume_from=checkpoint or plan.resume_from)
-        return start_on_cluster(plan, resumed_from=self.id)
+        return plan_from_bytes(launch)
 
-
-def start_on_cluster(plan: Any, resumed_from: str | None = None) -> ClusterRun:
-    """Start a checked cluster launch under a detached keeper actor; return at once.
-    `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
-    ray = require_ray()
-    connect(plan.cluster.address)
-    record = RunRecord(
-        id=ID_PREFIX + new_run_id(),
-        function=getattr(plan.function, "__qualname__", repr(plan.function)),
-        created=time.time(),
-        world_size=plan.world_size,
-        main_rank=0,
-        local_world_size=plan.world_size,
-        return_all=plan.return_all,
-        output=plan.output,
-        backend=plan.settings.backend,
-        mixed_precision=plan.settings.mixed_precision,
-        start_method="on the cluster",
-        checkpoint=plan.resume_from,
-        resumed_from=resumed_from,
-    )
-    launch = plan_bytes(plan)
-    actor = (
-        ray.remote(ClusterKeeper)
-        .options(
-            name=ACTOR_PREFIX + record.id,
-            namespace=runs_namespace(),
-            lifetime="detached",
-            num_cpus=0,
-            max_concurrency=4,
-            runtime_env=AGENT_RUNTIME_ENV,
+    @classmethod
+    def start(cls, plan: Any, resumed_from: str | None = None) -> ClusterRun:
+        ray = require_ray()
+        connect(plan.cluster.address)
+        record = RunRecord.of_plan(
+            CLUSTER_ID_PREFIX + new_run_id(),
+            plan,
+            main_rank=0,
+            local_world_size=plan.world_size,
+            start_method="on the cluster",
+            resumed_from=resumed_from,
         )
-        .remote(record, launch)
-    )
-    return ClusterRun(record, actor, launch)
+        launch = plan_bytes(plan)
+        actor = (
+            ray.remote(ClusterKeeper)
+            .options(
+                name=ACTOR_PREFIX + record.id,
+                namespace=runs_namespace(),
+                lifetime="detached",
+                num_cpus=0,
+                max_concurrency=4,
+                runtime_env=AGENT_RUNTIME_ENV,
+            )
+            .remote(record, launch)
+        )
+        return cls(record, actor, launch)
+
+
+start_on_cluster = ClusterRun.start
 
 
 def cluster_runs(address: str | None = None) -> list[ClusterRun]:
