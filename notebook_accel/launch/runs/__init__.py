@@ -3,9 +3,9 @@
 directory.py  where this user's runs live, and each run's record (run.json)
 log.py        a run's events, appended as they come, bounded, read by any kernel
 starting.py   ship a launch to its run directory and start its keeper
-keeper.py     the process that owns a detached run's workers instead of the kernel
+keeper.py     the keeper's body, and the keeper process of this machine
 detached.py   DetachedRun: follow a run from a kernel, stop it, get its outcome
 local.py      LocalRun: a run whose keeper is a process of this machine
-on_cluster.py ClusterRun: a run whose keeper is a detached actor of a Ray cluster
+on_cluster.py ClusterRun, ClusterKeeper: a run kept by a detached actor of a Ray cluster
 handle.py     attach(), runs(), resume()
 """

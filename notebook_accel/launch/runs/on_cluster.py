@@ -105,17 +105,17 @@ class ClusterRun(DetachedRun):
         # The launch, where this kernel started the run: it resumes a run whose keeper died.
         self._launch = launch
 
-    def _ask(self, call: Any) -> Any:
+    def _ask(self, method: str, *args: Any) -> Any:
+        """The keeper actor's answer to `method(*args)`."""
         ray = require_ray()
-        return ray.get(call, timeout=ANSWER_SECONDS)
+        return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
 
     def _read_new(self) -> list[tuple[int, Any]]:
         ray = require_ray()
         try:
-            data = self._ask(self._actor.read.remote(self._last))
+            found = decode(self._ask("read", self._last))  # only those after `_last`
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return []
-        found = [(sequence, event) for sequence, event in decode(data) if sequence > self._last]
         if found:
             self._last = found[-1][0]
         return found
@@ -123,7 +123,7 @@ class ClusterRun(DetachedRun):
     def _keeper_gone(self) -> bool:
         ray = require_ray()
         try:
-            self.record = self._ask(self._actor.record.remote())
+            self.record = self._ask("record")
         except ray.exceptions.RayActorError:
             return True
         return False
@@ -137,7 +137,7 @@ class ClusterRun(DetachedRun):
     def _ask_to_stop(self) -> bool:
         ray = require_ray()
         try:
-            self._ask(self._actor.stop.remote())
+            self._ask("stop")
         except ray.exceptions.RayActorError:
             return False
         return True
@@ -155,7 +155,7 @@ class ClusterRun(DetachedRun):
         launch = self._launch
         if launch is None:
             try:
-                launch = self._ask(self._actor.launch.remote())
+                launch = self._ask("launch")
             except ray.exceptions.RayActorError:
                 raise RuntimeError(
                     f"run {self.id}'s keeper died, and its launch with it: only the kernel "
