@@ -59,8 +59,8 @@ class Keeper(RunObserver):
             if status == "failed" and not hasattr(error, "failures"):  # not the workers' error
                 print(f"the run could not start: {error!r}", file=sys.stderr)
         finally:
-            error = None if ended.error is None else str(ended.error).splitlines()[0][:500]
-            self._update_record(state=status, ended=ended.time, error=error)
+            why = None if ended.error is None else str(ended.error).split("\n", 1)[0][:500]
+            self._update_record(state=status, ended=ended.time, error=why)
             self._append(ended)
             self.log.close()
 
