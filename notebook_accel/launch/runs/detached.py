@@ -145,11 +145,9 @@ class DetachedRun:
             return True
 
     def _take_new(self) -> bool:
-        for _, event in self._read_new():
+        for _, event in self._read_new():  # the run's end comes last
             self._take(event)
-            if isinstance(event, RunEnded):
-                return True
-        return False
+        return self._ended.is_set()
 
     def _take(self, event: Any) -> None:
         self._feed(event)

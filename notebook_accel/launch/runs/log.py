@@ -1,19 +1,18 @@
 """A detached run's events, appended as they come and read back by any kernel.
 
-The keeper appends every event of the run (reporting/events.py) to a segment
-file, one record each: a 4-byte length, then the pickled (sequence number,
-event). One `write` per record, to a file opened for appending. A reader
-replays the events in order into a report of its own, then follows the file;
-a record cut short (being written, or by a keeper killed mid-write) is read
-again once it is whole, or never.
+The keeper keeps every event of the run (reporting/events.py) as a record: a
+4-byte length, then the pickled (sequence number, event). On this machine it
+appends each, in one `write`, to a segment file; a reader replays the events
+in order, then follows the file (a record cut short, being written or by a
+keeper killed mid-write, is read once whole, or never). A keeper on a Ray
+cluster keeps the records in memory.
 
-Bounded: once a segment passes its size, the keeper writes the events kept so
-far to the next segment and removes the old one. What a view needs stays
-(every metric, result and exit, as a launch's report keeps them), but only
-each rank's newest output lines (as many as the report keeps) and each rank's
-newest progress and memory sample. Events keep their sequence numbers, so a
-reader in the middle of the old segment goes on in the new one without seeing
-an event twice.
+Bounded: past its size, the log keeps what a view needs (every metric, result
+and exit, as a launch's report keeps them), but only each rank's newest output
+lines (as many as the report keeps), progress and memory sample: the keeper
+writes them to the next segment and removes the old one. Events keep their
+sequence numbers, so a reader goes on in the new segment without seeing an
+event twice.
 """
 
 from __future__ import annotations
