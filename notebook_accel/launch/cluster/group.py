@@ -56,9 +56,9 @@ from notebook_accel.launch.supervisor import (
     TERMINATE_GRACE_SECONDS,
     Emit,
     StopSignal,
+    SupervisedWorker,
     WorkerGroupBase,
-    _Pipe,
-    _Worker,
+    WorkerPipe,
 )
 from notebook_accel.launch.worker import WorkerSpec
 from notebook_accel.reporting.events import ModulesImported, RunEvent, WorkerExited
@@ -94,8 +94,8 @@ class RayWorkerGroup(WorkerGroupBase):
         self.pool = pool
         self.rendezvous_timeout = rendezvous_timeout
         self._ray = require_ray()
-        self._polls: dict[Any, _Worker] = {}
-        self._pipes: dict[tuple[int, str], _Pipe] = {}
+        self._polls: dict[Any, SupervisedWorker] = {}
+        self._pipes: dict[tuple[int, str], WorkerPipe] = {}
         self._agents: dict[int, Any] = {}
         # The modules each agent was told to import.
         self._imported: dict[int, set[str]] = {}
@@ -119,11 +119,13 @@ class RayWorkerGroup(WorkerGroupBase):
         shipped = ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
-            worker = _Worker(place.rank, place.local_rank, process=place, where=place.where)
+            worker = SupervisedWorker(
+                place.rank, place.local_rank, process=place, where=place.where
+            )
             self.workers.append(worker)
             self._agents[place.rank] = agent
             for stream in STREAMS:
-                self._pipes[(place.rank, stream)] = _Pipe(worker, stream, reader=None)
+                self._pipes[(place.rank, stream)] = WorkerPipe(worker, stream, reader=None)
             self._pipes[(place.rank, "channel")].reader = _channel_reader(place.rank)
             spec = self._spec_for(place, master, port)
             starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
@@ -154,7 +156,7 @@ class RayWorkerGroup(WorkerGroupBase):
         )
 
     def _wait_started(
-        self, starts: dict[Any, _Worker], interrupt: Callable[[], bool] | None
+        self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
     ) -> None:
         ray = self._ray
         deadline = time.monotonic() + AGENT_START_SECONDS
@@ -181,7 +183,7 @@ class RayWorkerGroup(WorkerGroupBase):
 
     # -- watching --------------------------------------------------------------
 
-    def _poll(self, until: float | None) -> None:
+    def poll_until(self, until: float | None) -> None:
         ray = self._ray
         now = time.monotonic()
         wait = POLL_SLICE_SECONDS if until is None else min(POLL_SLICE_SECONDS, until - now)
@@ -207,10 +209,10 @@ class RayWorkerGroup(WorkerGroupBase):
             if not worker.ended:
                 self._relay(worker)
 
-    def _relay(self, worker: _Worker) -> None:
+    def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
-    def _deliver(self, worker: _Worker, relayed: list[Any]) -> None:
+    def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
         for item in relayed:
             if isinstance(item, tuple):
                 stream, data = item
@@ -222,7 +224,7 @@ class RayWorkerGroup(WorkerGroupBase):
             else:  # the agent's own events: memory samples
                 self.emit(item)
 
-    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+    def _on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
         if isinstance(event, ModulesImported):
             self._warm_agents(event.modules)
         super()._on_event(worker, event)
@@ -239,11 +241,13 @@ class RayWorkerGroup(WorkerGroupBase):
                 sent.update(name for name, _ in new)
                 agent.warm.remote(new)
 
-    def _flush(self, worker: _Worker) -> None:
+    def _flush(self, worker: SupervisedWorker) -> None:
         for stream in OUTPUT_STREAMS:
             self._emit_lines(worker, self._pipes[(worker.rank, stream)].lines.flush())
 
-    def _lose(self, worker: _Worker, error: BaseException | None, because: str = "") -> None:
+    def _lose(
+        self, worker: SupervisedWorker, error: BaseException | None, because: str = ""
+    ) -> None:
         """`worker` ended without a word from it: `because` says why, followed by Ray's
         error; without `because`, its agent cannot be reached (its node left the
         cluster, most often), said in our words alone: Ray's text for that is about its
@@ -262,14 +266,14 @@ class RayWorkerGroup(WorkerGroupBase):
 
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
-    def _take_prompt(self, worker: _Worker) -> str:
+    def _take_prompt(self, worker: SupervisedWorker) -> str:
         # The agent relays a worker's output before what its channel sent after it.
         return "".join(
             self._pipes[(worker.rank, stream)].lines.take_partial("stdout")
             for stream in OUTPUT_STREAMS
         )
 
-    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
         ray = self._ray
         ref = self._agents[worker.rank].answer.remote(frame, ANSWER_WRITE_SECONDS)
         try:
@@ -349,7 +353,7 @@ class RayWorkerGroup(WorkerGroupBase):
                     self._flush(worker)
             self._polls.clear()
 
-    def _worker(self, rank: int) -> _Worker | None:
+    def _worker(self, rank: int) -> SupervisedWorker | None:
         return next((worker for worker in self.workers if worker.rank == rank), None)
 
 
