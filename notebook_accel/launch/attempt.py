@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from notebook_accel.launch.debugging import ask_in_cell
-from notebook_accel.launch.preflight import LaunchPlan
+from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, WorkerGroupBase
 

@@ -497,6 +497,8 @@ CLUSTER_OPTIONS = (
     "cpus_per_worker",
     "keep_warm",
 )
+# What only a launch on this machine reads: on a Ray cluster, Ray places the workers.
+LOCAL_OPTIONS = ("num_nodes", "node_rank", "master_addr", "use_port", "devices", "start_method")
 POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
 
 
@@ -513,6 +515,28 @@ def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
         if name in OPTIONS:
             values[name] = OPTIONS[name].check(value)
     return values
+
+
+def check_options_fit_place(values: Mapping[str, Any]) -> None:
+    """Refuse the options given for the other place a launch can run (this machine, or a
+    Ray cluster with cluster='ray'): say so, rather than ignore them."""
+    on_cluster = values["cluster"] == "ray"
+    unread = LOCAL_OPTIONS if on_cluster else CLUSTER_OPTIONS
+    given = [name for name in unread if values[name] != OPTIONS[name].default]
+    if not given:
+        return
+    one = len(given) == 1
+    if on_cluster:
+        raise ValueError(
+            f"{', '.join(given)} {'chooses' if one else 'choose'} machines, ports or devices "
+            "by hand; with cluster='ray', Ray places the workers: leave "
+            f"{'it' if one else 'them'} unset (num_processes, workers_per_node and "
+            "placement_strategy say how many and where)."
+        )
+    raise ValueError(
+        f"{', '.join(given)} {'is' if one else 'are'} for workers on a Ray cluster: pass "
+        f"cluster='ray' too, or leave {'it' if one else 'them'} unset."
+    )
 
 
 def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -> None:

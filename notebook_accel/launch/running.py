@@ -6,7 +6,6 @@ keeper (runs/keeper.py) all run a launch through here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -16,7 +15,8 @@ from typing import Any
 from notebook_accel.launch import template
 from notebook_accel.launch.attempt import open_group
 from notebook_accel.launch.errors import PlacementError, WorkerError
-from notebook_accel.launch.preflight import LaunchPlan, choose_start_method
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.preflight import with_start_method
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, interrupts_stop
 from notebook_accel.launch.warm import RunWarmer, import_worker_code
@@ -140,9 +140,8 @@ def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
     import_worker_code()
     if not warmer.start():
         return plan
-    method, reason = choose_start_method("auto", plan.platform, plan.args, plan.kwargs)
-    plan = dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
-    if reason:
+    plan = with_start_method(plan, "auto")
+    if plan.fresh_start_reason:
         warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=3)
     return plan
 
