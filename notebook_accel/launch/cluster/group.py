@@ -166,16 +166,9 @@ class RayWorkerGroup(WorkerGroupBase):
                 raise KeyboardInterrupt("the run was stopped")
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
             for ref in ready:
-                worker = starts[ref]
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayActorError as error:
-                    self._lose(worker, error)
-                    continue
-                except ray.exceptions.RayTaskError as error:
-                    self._lose(worker, error, because="its agent could not start it")
-                    continue
-                self._relay(worker)
+                failed = ray.exceptions.RayTaskError
+                if self._answer(ref, starts[ref], failed, "its agent could not start it")[0]:
+                    self._relay(starts[ref])
         for ref in pending:
             self._lose(
                 starts[ref], None, because=f"it did not start within {AGENT_START_SECONDS:.0f} s"
@@ -197,17 +190,26 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            try:
-                relayed = ray.get(ref)
-            except ray.exceptions.RayActorError as error:
-                self._lose(worker, error)
-                continue
-            except ray.exceptions.RayError as error:
-                self._lose(worker, error, because="its agent failed")
-                continue
-            self._deliver(worker, relayed)
-            if not worker.ended:
-                self._relay(worker)
+            answered, relayed = self._answer(
+                ref, worker, ray.exceptions.RayError, "its agent failed"
+            )
+            if answered:
+                self._deliver(worker, relayed)
+                if not worker.ended:
+                    self._relay(worker)
+
+    def _answer(
+        self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
+    ) -> tuple[bool, Any]:
+        """(True, what `worker`'s agent answered to the call `ref`), or (False, None) with
+        the worker lost: its agent is gone, or the call raised `failed` (`because` says)."""
+        try:
+            return True, self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as error:
+            self._lose(worker, error)
+        except failed as error:
+            self._lose(worker, error, because=because)
+        return False, None
 
     def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
