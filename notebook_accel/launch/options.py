@@ -51,7 +51,7 @@ class Option:
     default: Any
     help: str
     # (value) -> the canonical value; raises TypeError/ValueError naming the option.
-    normalize: Callable[[Any], Any]
+    check: Callable[[Any], Any]
     annotation: str = "Any"
     # Saved in the YAML launch file, offered by `notebook-accel config`.
     saved: bool = True
@@ -62,10 +62,6 @@ class Option:
     # How the command line turns the flag's text into a value (None: no flag).
     parse: Callable[[str], Any] | None = None
     aliases: tuple[str, ...] = ()
-
-    def check(self, value: Any) -> Any:
-        """The canonical form of `value`, or an error that names this option."""
-        return self.normalize(value)
 
     @property
     def flag(self) -> str:
@@ -154,10 +150,6 @@ def _fsdp(value: Any) -> dict | None:
         return normalize_fsdp(value)
     except ValueError as error:
         raise ValueError(f"fsdp: {error}") from None
-
-
-def _flag(value: Any) -> bool:
-    return bool(value)
 
 
 def _ray_address(value: Any) -> str | None:
@@ -331,7 +323,7 @@ OPTIONS: dict[str, Option] = {
             False,
             "a worker whose function raises opens pdb on its frames, prompting in the cell "
             "(up/down, print, evaluate; c or q ends it); the other workers are stopped",
-            _flag,
+            bool,
             "bool",
             saved=False,
         ),
@@ -349,7 +341,7 @@ OPTIONS: dict[str, Option] = {
             "after a run, import in this process (in the background) the device-free "
             "modules the workers had to import themselves, so that the next launch's "
             "workers start with them; last_run().warming says what and what it cost",
-            _flag,
+            bool,
             "bool",
             parse=_yes_no,
         ),
@@ -369,7 +361,7 @@ OPTIONS: dict[str, Option] = {
             "return_all",
             False,
             "return every worker's value on this machine as a list ordered by rank",
-            _flag,
+            bool,
             "bool",
             saved=False,
         ),
@@ -387,7 +379,7 @@ OPTIONS: dict[str, Option] = {
             False,
             "start CPU workers even beyond 8 per core, which is refused otherwise "
             "(more GPU or TPU workers than devices cannot run and is always refused)",
-            _flag,
+            bool,
             "bool",
             parse=_yes_no,
         ),
