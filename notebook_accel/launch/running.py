@@ -79,8 +79,6 @@ def run_plan(
         observers.on_event(event, report)
 
     error: BaseException | None = None
-    if plan.fresh_start_reason:
-        warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=2)
     try:
         if plan.in_process:
             _run_in_process(plan, emit)
@@ -89,6 +87,8 @@ def run_plan(
             # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
                 plan = _warm_before_start(plan, warmer)
+                if plan.fresh_start_reason:
+                    warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=2)
                 _run_workers(plan, emit, stop_or_interrupt)
     except BaseException as failure:
         error = failure
@@ -138,12 +138,7 @@ def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
     if plan.start_method != "fork":
         return plan
     import_worker_code()
-    if not warmer.start():
-        return plan
-    plan = with_start_method(plan, "auto")
-    if plan.fresh_start_reason:
-        warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=3)
-    return plan
+    return with_start_method(plan, "auto") if warmer.start() else plan
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
