@@ -46,10 +46,10 @@ from notebook_accel.launch.cluster.pool import (
     take_pool,
     wait_for,
 )
+from notebook_accel.launch.cluster.request import ClusterRequest
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
 from notebook_accel.launch.output_pipes import PYTHON_PIPE
-from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.supervisor import (
     ANSWER_WRITE_SECONDS,
     KILL_REAP_SECONDS,
@@ -361,25 +361,21 @@ class RayWorkerGroup(WorkerGroupBase):
 
 @contextmanager
 def open_cluster_group(
-    plan: LaunchPlan,
+    request: ClusterRequest,
+    spec: WorkerSpec,
+    rendezvous_timeout: float,
     emit: Emit,
     stop: StopSignal | None,
-    attempt: int,
-    commands: bool,
     interrupt: StopSignal | None,
 ) -> Iterator[RayWorkerGroup]:
-    """The workers of one attempt on the cluster, started; when the block ends, stopped,
-    and their pool kept warm, or released when the run was stopped, timed out or lost
-    a node."""
-    request = plan.cluster
-    assert request is not None
+    """The workers of one attempt on the cluster, each started from `spec`; when the block
+    ends, stopped, and their pool kept warm, or released when the run was stopped, timed
+    out or lost a node."""
     asked_to_stop = interrupt.is_set if interrupt is not None else None
     connect(request.address)
     pool = take_pool(request, asked_to_stop)
-    spec = dataclasses.replace(
-        plan.worker_spec(0, attempt), commands=commands, shipped=request.shipped
-    )
-    group = RayWorkerGroup(spec, emit, stop, pool, plan.rendezvous_timeout)
+    spec = dataclasses.replace(spec, shipped=request.shipped)
+    group = RayWorkerGroup(spec, emit, stop, pool, rendezvous_timeout)
     keep = False
     try:
         group.start(asked_to_stop)
