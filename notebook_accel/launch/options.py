@@ -23,10 +23,16 @@ from typing import Any
 
 from notebook_accel.config.settings import PRECISIONS, normalize_fsdp, normalize_precision
 from notebook_accel.launch.cluster.request import CLUSTERS, STRATEGIES
-from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
 from notebook_accel.platforms.families import FAMILIES
 from notebook_accel.platforms.registry import PLATFORMS
 from notebook_accel.reporting.observers import OUTPUT_CHOICES
+
+# The names `start_method` takes; "auto" forks unless the kernel can no longer,
+# then uses "forkserver".
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+# Set to "fork", "forkserver" or "spawn" to change what start_method=None means
+# (tests run the launcher's suite under each this way).
+ENV_START_METHOD = "NOTEBOOK_ACCEL_START_METHOD"
 
 # Workers that show no progress for this long are probably stuck: show where they are.
 HANG_AFTER_SECONDS = 120.0

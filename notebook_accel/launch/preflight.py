@@ -17,8 +17,12 @@ from typing import Any
 
 from notebook_accel.config.settings import LaunchSettings
 from notebook_accel.launch.cluster.plan import place_on_cluster
-from notebook_accel.launch.fresh import resolve_start_method
-from notebook_accel.launch.options import check_options, check_options_fit_place
+from notebook_accel.launch.options import (
+    ENV_START_METHOD,
+    START_METHODS,
+    check_options,
+    check_options_fit_place,
+)
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.platforms.base import LaunchRefused, Platform
 from notebook_accel.platforms.hardware import Hardware
@@ -170,12 +174,13 @@ def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan
             "notebook_launcher starts worker processes the way Linux does, which this "
             "operating system cannot. Use num_processes=1, or run under Linux or WSL."
         )
-    return with_start_method(plan, resolve_start_method(start_method))
+    return with_start_method(plan, start_method)
 
 
-def with_start_method(plan: LaunchPlan, asked: str) -> LaunchPlan:
+def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
     """`plan` with the start method `asked` comes to here, and why forking could not work
-    when "auto" chose another (`fresh_start_reason`).
+    when "auto" chose another (`fresh_start_reason`); None asks for
+    $NOTEBOOK_ACCEL_START_METHOD, else "auto".
 
     Forking is fast and needs nothing pickled, but a forked worker cannot use a
     GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
@@ -184,6 +189,13 @@ def with_start_method(plan: LaunchPlan, asked: str) -> LaunchPlan:
     per worker. Raises LaunchRefused where the asked method cannot work, before
     anything starts.
     """
+    if asked is None:
+        asked = os.environ.get(ENV_START_METHOD) or "auto"
+        if asked not in START_METHODS:
+            raise ValueError(
+                f"${ENV_START_METHOD}={asked!r} must be one of {', '.join(START_METHODS)}; "
+                "unset it for the default."
+            )
     platform = plan.platform
     problem = platform.fork_problem() or _device_tensors_problem(platform, plan.args, plan.kwargs)
     method, reason = "fork", None
