@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel.config.settings import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
+from notebook_accel.launch.worker import WorkerSpec
 from notebook_accel.platforms.base import Platform
 from notebook_accel.reporting.report import RunReport
 
@@ -113,9 +114,8 @@ class LaunchPlan:
             main_rank=self.node_rank * self.local_world_size,
         )
 
-    def worker_spec(self, port: int, attempt: int):
-        from notebook_accel.launch.worker import WorkerSpec
-
+    def worker_spec(self, port: int, attempt: int) -> WorkerSpec:
+        """What every worker of attempt `attempt` runs, meeting its peers at `port`."""
         return WorkerSpec(
             function=self.function,
             args=self.args,
