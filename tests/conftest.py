@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 # good: its checks run in processes of their own (tests/platforms/test_test_accelerator.py).
 collect_ignore = ["testaccel"]
 
-from notebook_accel.launch.fresh import ENV_START_METHOD  # noqa: E402
+from notebook_accel.launch.options import ENV_START_METHOD  # noqa: E402
 from notebook_accel.launch.runs.directory import ENV_RUNS_DIR, RunDirectory  # noqa: E402
 from notebook_accel.launch.template import shutdown_template  # noqa: E402
 from tests_support import PROMPTLY, live_children, mark_test_start  # noqa: E402

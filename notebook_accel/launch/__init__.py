@@ -2,7 +2,7 @@
 
     launcher.py    notebook_launcher: plan, run, return; running.py: run_plan, last_run
     runs/          runs that outlive the kernel (detach=True): keeper, log, attach
-    options.py     every launch option defined once; preflight.py: checks -> LaunchPlan
+    options.py     every launch option defined once; preflight.py: checks -> plan.py: LaunchPlan
     supervisor.py  the kernel's side of a group of workers; worker.py: the child's side
     fresh.py       workers in fresh interpreters; packing.py: functions and arguments by value
     template.py    workers forked from a clean process started once (after CUDA init);

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from notebook_accel.launch.debugging import ask_in_cell
-from notebook_accel.launch.preflight import LaunchPlan
+from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, WorkerGroup, WorkerGroupBase
 
@@ -36,7 +36,9 @@ def open_group(
     if plan.cluster is not None:
         from notebook_accel.launch.cluster.group import open_cluster_group
 
-        opening = open_cluster_group(plan, emit, stop, attempt, commands, interrupt or stop)
+        spec = dataclasses.replace(plan.worker_spec(0, attempt), commands=commands)
+        timeout = plan.rendezvous_timeout
+        opening = open_cluster_group(plan.cluster, spec, timeout, emit, stop, interrupt or stop)
         with opening as group:
             group.hang_after = plan.explain_hang_after
             group.prompter = ask_in_cell

@@ -35,31 +35,11 @@ import cloudpickle
 
 from notebook_accel.launch.packing import pack
 
-# The names `start_method` takes; "auto" forks unless the kernel can no longer,
-# then uses "forkserver".
-START_METHODS = ("auto", "fork", "forkserver", "spawn")
-# Set to "fork", "forkserver" or "spawn" to change what start_method=None means
-# (tests run the launcher's suite under each this way).
-ENV_START_METHOD = "NOTEBOOK_ACCEL_START_METHOD"
-
 # Runs in the new interpreter: the kernel's import path first, then the worker.
 _BOOTSTRAP = (
     "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
     "from notebook_accel.launch.fresh import child_main; child_main(sys.argv[2:])"
 )
-
-
-def resolve_start_method(asked: str | None) -> str:
-    """`asked`, or for None $NOTEBOOK_ACCEL_START_METHOD, else "auto"."""
-    if asked is not None:
-        return asked
-    value = os.environ.get(ENV_START_METHOD) or "auto"
-    if value not in START_METHODS:
-        raise ValueError(
-            f"${ENV_START_METHOD}={value!r} must be one of {', '.join(START_METHODS)}; "
-            "unset it for the default."
-        )
-    return value
 
 
 # -- the kernel's side ------------------------------------------------------------------

@@ -16,7 +16,8 @@ from notebook_accel.launch.options import (
     signature_parameters,
 )
 from notebook_accel.launch.options import docstring as options_docstring
-from notebook_accel.launch.preflight import LaunchPlan, plan_launch
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.running import (  # noqa: F401 - their public place was here
     FreshStartWarning,
     fresh_start_message,

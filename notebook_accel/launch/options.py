@@ -23,10 +23,16 @@ from typing import Any
 
 from notebook_accel.config.settings import PRECISIONS, normalize_fsdp, normalize_precision
 from notebook_accel.launch.cluster.request import CLUSTERS, STRATEGIES
-from notebook_accel.launch.fresh import ENV_START_METHOD, START_METHODS
 from notebook_accel.platforms.families import FAMILIES
 from notebook_accel.platforms.registry import PLATFORMS
 from notebook_accel.reporting.observers import OUTPUT_CHOICES
+
+# The names `start_method` takes; "auto" forks unless the kernel can no longer,
+# then uses "forkserver".
+START_METHODS = ("auto", "fork", "forkserver", "spawn")
+# Set to "fork", "forkserver" or "spawn" to change what start_method=None means
+# (tests run the launcher's suite under each this way).
+ENV_START_METHOD = "NOTEBOOK_ACCEL_START_METHOD"
 
 # Workers that show no progress for this long are probably stuck: show where they are.
 HANG_AFTER_SECONDS = 120.0
@@ -51,7 +57,7 @@ class Option:
     default: Any
     help: str
     # (value) -> the canonical value; raises TypeError/ValueError naming the option.
-    normalize: Callable[[Any], Any]
+    check: Callable[[Any], Any]
     annotation: str = "Any"
     # Saved in the YAML launch file, offered by `notebook-accel config`.
     saved: bool = True
@@ -62,10 +68,6 @@ class Option:
     # How the command line turns the flag's text into a value (None: no flag).
     parse: Callable[[str], Any] | None = None
     aliases: tuple[str, ...] = ()
-
-    def check(self, value: Any) -> Any:
-        """The canonical form of `value`, or an error that names this option."""
-        return self.normalize(value)
 
     @property
     def flag(self) -> str:
@@ -133,23 +135,20 @@ def _devices(value: Any) -> list[int] | None:
     return devices
 
 
-def _timeout(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"timeout={value!r} must be a positive number of seconds.")
-    return float(value)
+def _number(
+    name: str, must_be: str, zero: bool = False, optional: bool = False
+) -> Callable[[Any], Any]:
+    """A number above 0 (or 0 too, with `zero`); `must_be` says what in the message."""
 
+    def check(value: Any) -> float | None:
+        if value is None and optional:
+            return None
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or value < 0 or (value == 0 and not zero):
+            raise ValueError(f"{name}={value!r} must be {must_be}.")
+        return float(value)
 
-def _hang_after(value: Any) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(
-            f"explain_hang_after={value!r} must be a positive number of seconds, or None to "
-            "never show where a stalled run's ranks are."
-        )
-    return float(value)
+    return check
 
 
 def _fsdp(value: Any) -> dict | None:
@@ -157,25 +156,6 @@ def _fsdp(value: Any) -> dict | None:
         return normalize_fsdp(value)
     except ValueError as error:
         raise ValueError(f"fsdp: {error}") from None
-
-
-def _flag(value: Any) -> bool:
-    return bool(value)
-
-
-def _seconds(name: str) -> Callable[[Any], float]:
-    def check(value: Any) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"{name}={value!r} must be a number of seconds, 0 or more.")
-        return float(value)
-
-    return check
-
-
-def _cpus(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f"cpus_per_worker={value!r} must be a positive number of CPUs.")
-    return float(value)
 
 
 def _ray_address(value: Any) -> str | None:
@@ -230,19 +210,46 @@ def _backend(value: Any) -> Any:
     )
 
 
+def _count(name: str, default: int | None, help: str, minimum: int, **more: Any) -> Option:
+    """A whole-number option (None allowed where it is the default)."""
+    optional = default is None
+    check = _whole(name, minimum, optional)
+    annotation = "int | None" if optional else "int"
+    return Option(name, default, help, check, annotation, **{"parse": int, **more}, minimum=minimum)
+
+
+def _decimal(
+    name: str,
+    default: float | None,
+    help: str,
+    must_be: str,
+    optional: bool = False,
+    zero: bool = False,
+) -> Option:
+    """A number option (seconds, CPUs): above 0, or 0 too with `zero`."""
+    check = _number(name, must_be, zero, optional)
+    annotation = "float | None" if optional else "float"
+    return Option(name, default, help, check, annotation, parse=float)
+
+
+def _choice(name: str, default: str | None, help: str, choices: tuple, **more: Any) -> Option:
+    """An option that takes one of `choices` (or None where it is the default)."""
+    optional = default is None
+    check = _one_of(name, choices, optional)
+    annotation = "str | None" if optional else "str"
+    return Option(name, default, help, check, annotation, **{"parse": str, **more}, choices=choices)
+
+
 OPTIONS: dict[str, Option] = {
     option.name: option
     for option in (
-        Option(
+        _count(
             "num_processes",
             None,
             "workers per machine (default: every GPU, every TPU core, or 2 CPU workers); "
             "with 1, the function runs in this process",
-            _whole("num_processes", 1, optional=True),
-            "int | None",
-            positional=True,
             minimum=1,
-            parse=int,
+            positional=True,
         ),
         Option(
             "mixed_precision",
@@ -273,26 +280,8 @@ OPTIONS: dict[str, Option] = {
             positional=True,
             parse=str,
         ),
-        Option(
-            "node_rank",
-            0,
-            "this machine's number, from 0",
-            _whole("node_rank", 0),
-            "int",
-            positional=True,
-            minimum=0,
-            parse=int,
-        ),
-        Option(
-            "num_nodes",
-            1,
-            "machines taking part",
-            _whole("num_nodes", 1),
-            "int",
-            positional=True,
-            minimum=1,
-            parse=int,
-        ),
+        _count("node_rank", 0, "this machine's number, from 0", minimum=0, positional=True),
+        _count("num_nodes", 1, "machines taking part", minimum=1, positional=True),
         Option(
             "backend",
             None,
@@ -311,47 +300,36 @@ OPTIONS: dict[str, Option] = {
             "list[int] | None",
             parse=_index_list,
         ),
-        Option(
+        _count(
             "gradient_accumulation_steps",
             1,
             "optimizer steps every this many accumulate() blocks; Accelerator() picks it up",
-            _whole("gradient_accumulation_steps", 1),
-            "int",
             minimum=1,
-            parse=int,
         ),
-        Option(
-            "max_restarts",
-            0,
-            "how many times to restart every worker after a failure",
-            _whole("max_restarts", 0),
-            "int",
-            minimum=0,
-            parse=int,
+        _count(
+            "max_restarts", 0, "how many times to restart every worker after a failure", minimum=0
         ),
-        Option(
+        _decimal(
             "timeout",
             None,
             "seconds for the whole run; then the workers are stopped and TimeoutError raised",
-            _timeout,
-            "float | None",
-            parse=float,
+            "a positive number of seconds",
+            optional=True,
         ),
-        Option(
+        _decimal(
             "explain_hang_after",
             HANG_AFTER_SECONDS,
             "seconds without progress (no output, step or event) after which the cell shows "
             "where each rank is (its stack and collective); None: never",
-            _hang_after,
-            "float | None",
-            parse=float,
+            "a positive number of seconds, or None to never show where a stalled run's ranks are",
+            optional=True,
         ),
         Option(
             "post_mortem",
             False,
             "a worker whose function raises opens pdb on its frames, prompting in the cell "
             "(up/down, print, evaluate; c or q ends it); the other workers are stopped",
-            _flag,
+            bool,
             "bool",
             saved=False,
         ),
@@ -369,11 +347,11 @@ OPTIONS: dict[str, Option] = {
             "after a run, import in this process (in the background) the device-free "
             "modules the workers had to import themselves, so that the next launch's "
             "workers start with them; last_run().warming says what and what it cost",
-            _flag,
+            bool,
             "bool",
             parse=_yes_no,
         ),
-        Option(
+        _choice(
             "start_method",
             None,
             "how workers start: 'fork' (fastest; a forked worker cannot use a GPU the "
@@ -383,48 +361,41 @@ OPTIONS: dict[str, Option] = {
             "pickled by value), 'spawn' (a fresh interpreter per worker: about 1.5 s slower "
             "every launch), or 'auto': fork unless the kernel can no longer, then "
             f"forkserver and say why (default: auto, or ${ENV_START_METHOD})",
-            _one_of("start_method", START_METHODS, optional=True),
-            "str | None",
             choices=START_METHODS,
-            parse=str,
         ),
         Option(
             "return_all",
             False,
             "return every worker's value on this machine as a list ordered by rank",
-            _flag,
+            bool,
             "bool",
             saved=False,
         ),
-        Option(
+        _choice(
             "output",
             "all",
             f"{', '.join(OUTPUT_CHOICES)}: every rank's lines (others prefixed), the main "
             "rank's only, or none",
-            _one_of("output", OUTPUT_CHOICES),
-            "str",
-            saved=False,
             choices=OUTPUT_CHOICES,
+            parse=None,
+            saved=False,
         ),
         Option(
             "oversubscribe",
             False,
             "start CPU workers even beyond 8 per core, which is refused otherwise "
             "(more GPU or TPU workers than devices cannot run and is always refused)",
-            _flag,
+            bool,
             "bool",
             parse=_yes_no,
         ),
-        Option(
+        _choice(
             "cluster",
             "local",
             "where the workers run: 'local' (this machine's processes) or 'ray' (a Ray "
             "cluster: ray_address, or the kernel's Ray connection, or a new cluster of this "
             "machine alone)",
-            _one_of("cluster", CLUSTERS),
-            "str",
             choices=CLUSTERS,
-            parse=str,
         ),
         Option(
             "ray_address",
@@ -436,54 +407,44 @@ OPTIONS: dict[str, Option] = {
             "str | None",
             parse=str,
         ),
-        Option(
+        _choice(
             "placement_strategy",
             "PACK",
             f"with cluster='ray': how Ray places the workers, {', '.join(STRATEGIES)} (PACK "
             "fills nodes one after another, SPREAD spreads them)",
-            _one_of("placement_strategy", STRATEGIES),
-            "str",
             choices=STRATEGIES,
-            parse=str,
         ),
-        Option(
+        _count(
             "workers_per_node",
             None,
             "with cluster='ray': exactly this many workers on each node used (default: "
             "as placement_strategy places them)",
-            _whole("workers_per_node", 1, optional=True),
-            "int | None",
             minimum=1,
-            parse=int,
         ),
-        Option(
+        _decimal(
             "cpus_per_worker",
             1.0,
             "with cluster='ray': CPUs Ray reserves for each worker",
-            _cpus,
-            "float",
-            parse=float,
+            "a positive number of CPUs",
         ),
-        Option(
+        _decimal(
             "keep_warm",
             120.0,
             "with cluster='ray': seconds the workers' processes stay up after a run, holding "
             "their GPUs or CPUs, so that the next launch starts at once (0: release at once; "
             "a stopped run always releases them; live workers keep them after close() only "
             "when it is given)",
-            _seconds("keep_warm"),
-            "float",
-            parse=float,
+            "a number of seconds, 0 or more",
+            zero=True,
         ),
-        Option(
+        _count(
             "threads_per_process",
             None,
             "torch threads in each worker (default 1; see 'Threads and fork' in "
             "docs/guides/launcher.md)",
-            _whole("threads_per_process", 1, optional=True),
-            "int | None",
-            saved=False,
             minimum=1,
+            parse=None,
+            saved=False,
         ),
     )
 }
@@ -497,6 +458,8 @@ CLUSTER_OPTIONS = (
     "cpus_per_worker",
     "keep_warm",
 )
+# What only a launch on this machine reads: on a Ray cluster, Ray places the workers.
+LOCAL_OPTIONS = ("num_nodes", "node_rank", "master_addr", "use_port", "devices", "start_method")
 POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
 
 
@@ -513,6 +476,28 @@ def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
         if name in OPTIONS:
             values[name] = OPTIONS[name].check(value)
     return values
+
+
+def check_options_fit_place(values: Mapping[str, Any]) -> None:
+    """Refuse the options given for the other place a launch can run (this machine, or a
+    Ray cluster with cluster='ray'): say so, rather than ignore them."""
+    on_cluster = values["cluster"] == "ray"
+    unread = LOCAL_OPTIONS if on_cluster else CLUSTER_OPTIONS
+    given = [name for name in unread if values[name] != OPTIONS[name].default]
+    if not given:
+        return
+    one = len(given) == 1
+    if on_cluster:
+        raise ValueError(
+            f"{', '.join(given)} {'chooses' if one else 'choose'} machines, ports or devices "
+            "by hand; with cluster='ray', Ray places the workers: leave "
+            f"{'it' if one else 'them'} unset (num_processes, workers_per_node and "
+            "placement_strategy say how many and where)."
+        )
+    raise ValueError(
+        f"{', '.join(given)} {'is' if one else 'are'} for workers on a Ray cluster: pass "
+        f"cluster='ray' too, or leave {'it' if one else 'them'} unset."
+    )
 
 
 def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -> None:

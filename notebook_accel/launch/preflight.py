@@ -9,149 +9,30 @@ to do; nothing has been started when one is raised.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import os
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from notebook_accel.config.settings import RENDEZVOUS_TIMEOUT_SECONDS, LaunchSettings
-from notebook_accel.launch.fresh import resolve_start_method
-from notebook_accel.launch.options import CLUSTER_OPTIONS, OPTIONS, check_options
+from notebook_accel.config.settings import LaunchSettings
+from notebook_accel.launch.cluster.plan import place_on_cluster
+from notebook_accel.launch.options import (
+    ENV_START_METHOD,
+    START_METHODS,
+    check_options,
+    check_options_fit_place,
+)
+from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.platforms.base import LaunchRefused, Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import default_platform, platform_named
 from notebook_accel.platforms.registry import detect_hardware as detect
-from notebook_accel.reporting.report import RunReport
-
-if TYPE_CHECKING:
-    from notebook_accel.launch.cluster.request import ClusterRequest
 
 DEFAULT_MULTINODE_PORT = 29500
 # CPU workers per core beyond which a launch is refused unless oversubscribe=True:
 # far past this, a mistyped count (10**6) would fork until the machine gives out.
 CPU_WORKERS_PER_CORE_LIMIT = 8
-
-
-# Where a worker of a resumed detached run finds its checkpoint (resume_checkpoint()).
-ENV_RESUME_FROM = "NOTEBOOK_ACCEL_RESUME_FROM"
-
-
-@dataclass(frozen=True)
-class LaunchPlan:
-    """A checked launch: everything needed to start the workers."""
-
-    function: Callable[..., Any]
-    args: tuple
-    kwargs: dict
-    platform: Platform
-    settings: LaunchSettings
-    local_world_size: int
-    num_nodes: int
-    node_rank: int
-    master_addr: str
-    port: int | None
-    devices: list[int] | None
-    max_restarts: int
-    timeout: float | None
-    return_all: bool
-    output: str
-    threads_per_process: int
-    rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS
-    # Seconds without progress before the cell shows where each rank is (None: never).
-    explain_hang_after: float | None = None
-    # A single worker runs in this process unless a caller (the panel, which
-    # must be able to stop it) asks for a worker process anyway.
-    single_in_process: bool = True
-    # Import here, after the run, what the workers imported (launch/warm.py).
-    warm: bool = True
-    # "fork", "forkserver" (forked from a clean template process started once,
-    # launch/template.py) or "spawn" (fresh interpreters, launch/fresh.py); with the
-    # reason the fork start could not be used when start_method="auto" chose forkserver.
-    start_method: str = "fork"
-    fresh_start_reason: str | None = None
-    # Where the workers run when not on this machine: a Ray cluster's request
-    # (launch/cluster/request.py), with the function and arguments packed for it.
-    cluster: ClusterRequest | None = None
-    # A worker that raises opens pdb on its frames in the cell (launch/debugging.py).
-    post_mortem: bool = False
-    # A resumed detached run's checkpoint, which its workers find through
-    # resume_checkpoint() (launch/runs).
-    resume_from: str | None = None
-
-    @property
-    def world_size(self) -> int:
-        return self.local_world_size * self.num_nodes
-
-    @property
-    def in_process(self) -> bool:
-        # A chosen GPU other than the first needs a worker of its own: this
-        # process cannot narrow the GPUs it sees after the fact.
-        chose_another_gpu = self.devices not in (None, [0])
-        on_this_machine = self.cluster is None
-        return (
-            self.world_size == 1
-            and self.single_in_process
-            and on_this_machine
-            and not chose_another_gpu
-        )
-
-    def environment(self, port: int, attempt: int) -> dict[str, str]:
-        """Variables every worker of this node gets (the rank ones come per worker)."""
-        env = {
-            "WORLD_SIZE": str(self.world_size),
-            "LOCAL_WORLD_SIZE": str(self.local_world_size),
-            "MASTER_ADDR": self.master_addr,
-            "MASTER_PORT": str(port),
-            # The launching process hosts the store, as torchrun's agent does, so
-            # init_process_group(init_method="env://") connects on every rank.
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "TORCHELASTIC_RESTART_COUNT": str(attempt),
-            "TORCHELASTIC_MAX_RESTARTS": str(self.max_restarts),
-            "OMP_NUM_THREADS": str(self.threads_per_process),
-        }
-        if self.in_process:
-            env.update({"RANK": "0", "LOCAL_RANK": "0", "GROUP_RANK": "0", "NODE_RANK": "0"})
-        env.update(self.settings.to_env())
-        if self.resume_from:
-            env[ENV_RESUME_FROM] = self.resume_from
-        return env
-
-    def new_report(self, started_at: float = 0.0) -> RunReport:
-        """An empty report for a run of this plan."""
-        return RunReport(
-            world_size=self.world_size,
-            backend=self.settings.backend,
-            mixed_precision=self.settings.mixed_precision,
-            start_method="in process" if self.in_process else self.start_method,
-            started_at=started_at,
-            main_rank=self.node_rank * self.local_world_size,
-        )
-
-    def worker_spec(self, port: int, attempt: int):
-        from notebook_accel.launch.worker import WorkerSpec
-
-        return WorkerSpec(
-            function=self.function,
-            args=self.args,
-            kwargs=self.kwargs,
-            node_rank=self.node_rank,
-            local_world_size=self.local_world_size,
-            environment=self.environment(port, attempt),
-            threads_per_process=self.threads_per_process,
-            return_all=self.return_all,
-            # Picklable as they are, for workers started in fresh interpreters.
-            worker_environment=functools.partial(
-                self.platform.worker_environment, devices=self.devices
-            ),
-            run=self.platform.run_in_worker,
-            # A fresh interpreter imports everything itself, whatever this process holds.
-            report_imports=self.warm and self.start_method in ("fork", "forkserver"),
-            start_method=self.start_method,
-            post_mortem=self.post_mortem,
-        )
 
 
 def plan_launch(
@@ -172,13 +53,23 @@ def plan_launch(
     values = check_options(options)
     _check_not_in_worker()
     args, kwargs = _check_call(function, args, kwargs)
-    if values["cluster"] == "ray":
-        return _plan_on_cluster(function, args, kwargs, values)
-    _check_cluster_options_unused(values)
-    _check_nodes(values)
-    hardware = hardware or detect()
-    platform, local_processes = choose_workers(values, hardware)
-    platform.check_precision(values["mixed_precision"], hardware)
+    check_options_fit_place(values)
+    if values["cluster"] == "ray":  # Ray places the workers (launch/cluster)
+        platform, request = place_on_cluster(values, function, args, kwargs)
+        where: dict[str, Any] = {
+            "local_world_size": request.workers,
+            "single_in_process": False,
+            "cluster": request,
+        }
+    else:
+        _check_nodes(values)
+        hardware = hardware or detect()
+        platform, local_processes = choose_workers(values, hardware)
+        platform.check_precision(values["mixed_precision"], hardware)
+        where = {
+            "local_world_size": local_processes,
+            "single_in_process": single_in_process and platform.single_worker_in_process,
+        }
     plan = LaunchPlan(
         function=function,
         args=args,
@@ -190,7 +81,6 @@ def plan_launch(
             values["gradient_accumulation_steps"],
             fsdp=values["fsdp"],
         ),
-        local_world_size=local_processes,
         num_nodes=values["num_nodes"],
         node_rank=values["node_rank"],
         master_addr=values["master_addr"],
@@ -202,58 +92,13 @@ def plan_launch(
         return_all=values["return_all"],
         output=values["output"],
         threads_per_process=values["threads_per_process"] or 1,
-        single_in_process=single_in_process and platform.single_worker_in_process,
         warm=values["warm"],
         post_mortem=values["post_mortem"],
+        **where,
     )
+    if plan.cluster is not None:  # the cluster's agents fork the workers
+        return plan
     return _check_how_it_runs(plan, values["start_method"])
-
-
-def _plan_on_cluster(function: Any, args: tuple, kwargs: dict, values: dict) -> LaunchPlan:
-    """A launch on a Ray cluster: Ray places the workers (launch/cluster)."""
-    from notebook_accel.launch.cluster.plan import place_on_cluster
-
-    platform, request = place_on_cluster(values, function, args, kwargs)
-    return LaunchPlan(
-        function=function,
-        args=args,
-        kwargs=kwargs,
-        platform=platform,
-        settings=LaunchSettings(
-            platform.name,
-            values["mixed_precision"],
-            values["gradient_accumulation_steps"],
-            fsdp=values["fsdp"],
-        ),
-        local_world_size=request.workers,
-        num_nodes=1,
-        node_rank=0,
-        master_addr=values["master_addr"],
-        port=None,
-        devices=None,
-        max_restarts=values["max_restarts"],
-        timeout=values["timeout"],
-        explain_hang_after=values["explain_hang_after"],
-        return_all=values["return_all"],
-        output=values["output"],
-        threads_per_process=values["threads_per_process"] or 1,
-        single_in_process=False,
-        warm=values["warm"],
-        post_mortem=values["post_mortem"],
-        cluster=request,
-    )
-
-
-def _check_cluster_options_unused(values: dict[str, Any]) -> None:
-    """Options of cluster='ray' given for a launch on this machine: say so, not ignore."""
-    defaults = {name: OPTIONS[name].default for name in CLUSTER_OPTIONS}
-    given = [name for name in CLUSTER_OPTIONS if values[name] != defaults[name]]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for workers on a Ray "
-            "cluster: pass cluster='ray' too, or leave "
-            f"{'it' if len(given) == 1 else 'them'} unset."
-        )
 
 
 def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform, int]:
@@ -329,16 +174,13 @@ def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan
             "notebook_launcher starts worker processes the way Linux does, which this "
             "operating system cannot. Use num_processes=1, or run under Linux or WSL."
         )
-    method, reason = choose_start_method(
-        resolve_start_method(start_method), plan.platform, plan.args, plan.kwargs
-    )
-    return dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
+    return with_start_method(plan, start_method)
 
 
-def choose_start_method(
-    asked: str, platform: Platform, args: tuple = (), kwargs: dict | None = None
-) -> tuple[str, str | None]:
-    """(the start method, why forking could not work when "auto" chose another).
+def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
+    """`plan` with the start method `asked` comes to here, and why forking could not work
+    when "auto" chose another (`fresh_start_reason`); None asks for
+    $NOTEBOOK_ACCEL_START_METHOD, else "auto".
 
     Forking is fast and needs nothing pickled, but a forked worker cannot use a
     GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
@@ -347,25 +189,30 @@ def choose_start_method(
     per worker. Raises LaunchRefused where the asked method cannot work, before
     anything starts.
     """
-    problem = platform.fork_problem() or _device_tensors_problem(platform, args, kwargs or {})
-    if asked == "fork":
-        if problem:
-            raise LaunchRefused(
-                f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
-                "(or pass 'forkserver') to fork the workers from a clean process started "
-                "once, or restart the kernel and touch the device only inside the training "
-                "function."
+    if asked is None:
+        asked = os.environ.get(ENV_START_METHOD) or "auto"
+        if asked not in START_METHODS:
+            raise ValueError(
+                f"${ENV_START_METHOD}={asked!r} must be one of {', '.join(START_METHODS)}; "
+                "unset it for the default."
             )
-        return "fork", None
-    if asked in ("spawn", "forkserver") or problem:
+    platform = plan.platform
+    problem = platform.fork_problem() or _device_tensors_problem(platform, plan.args, plan.kwargs)
+    method, reason = "fork", None
+    if asked == "fork" and problem:
+        raise LaunchRefused(
+            f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
+            "(or pass 'forkserver') to fork the workers from a clean process started "
+            "once, or restart the kernel and touch the device only inside the training "
+            "function."
+        )
+    if asked != "fork" and (asked in ("spawn", "forkserver") or problem):
         fresh_problem = platform.fresh_start_problem()
         if fresh_problem:
             because = f"{problem}; " if problem else ""
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
-        if asked == "auto":
-            return "forkserver", problem
-        return asked, None
-    return "fork", None
+        method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
+    return dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
 
 
 def _device_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:

@@ -6,7 +6,6 @@ keeper (runs/keeper.py) all run a launch through here.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import time
 import warnings
@@ -16,7 +15,8 @@ from typing import Any
 from notebook_accel.launch import template
 from notebook_accel.launch.attempt import open_group
 from notebook_accel.launch.errors import PlacementError, WorkerError
-from notebook_accel.launch.preflight import LaunchPlan, choose_start_method
+from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.preflight import with_start_method
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import Emit, StopSignal, interrupts_stop
 from notebook_accel.launch.warm import RunWarmer, import_worker_code
@@ -78,8 +78,6 @@ def run_plan(
         feed(event)
 
     error: BaseException | None = None
-    if plan.fresh_start_reason:
-        warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=2)
     try:
         if plan.in_process:
             _run_in_process(plan, emit)
@@ -88,6 +86,8 @@ def run_plan(
             # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
                 plan = _warm_before_start(plan, warmer)
+                if plan.fresh_start_reason:
+                    warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=2)
                 _run_workers(plan, emit, stop_or_interrupt)
     except BaseException as failure:
         error = failure
@@ -137,13 +137,7 @@ def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
     if plan.start_method != "fork":
         return plan
     import_worker_code()
-    if not warmer.start():
-        return plan
-    method, reason = choose_start_method("auto", plan.platform, plan.args, plan.kwargs)
-    plan = dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
-    if reason:
-        warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=3)
-    return plan
+    return with_start_method(plan, "auto") if warmer.start() else plan
 
 
 def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:

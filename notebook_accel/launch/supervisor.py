@@ -220,7 +220,9 @@ class FatalReport:
 
 
 @dataclass
-class _Worker:
+class SupervisedWorker:
+    """What the launching process knows of one worker: its ranks, its process and how it ended."""
+
     rank: int
     local_rank: int
     # A multiprocessing process, a FreshProcess or a TemplateProcess here; what
@@ -253,12 +255,12 @@ class _Worker:
 
 
 @dataclass
-class _Pipe:
+class WorkerPipe:
     """The read end of one of a worker's pipes: "stdout" and "stderr" (its descriptors
     1 and 2), "python" (what Python writes to either, in order: launch/output_pipes.py)
     or "channel" (its events, read by `reader`)."""
 
-    worker: _Worker
+    worker: SupervisedWorker
     stream: str
     reader: ChannelReader | None = None
     lines: StreamLines | FramedLines = field(init=False)
@@ -273,7 +275,7 @@ class WorkerGroupBase:
     Every event (a worker's output lines, what it sends down its channel,
     memory samples, exits) goes to `emit`, in the launching thread. A
     subclass starts and stops the workers, and delivers their bytes and exits
-    in `_poll`: output to `_take`, exits to `_exited`.
+    in `poll_until`: output to `_take`, exits to `_exited`.
     """
 
     # After the first failure, how long to keep listening for the one that caused it.
@@ -283,7 +285,7 @@ class WorkerGroupBase:
         self.spec = spec
         self.emit = emit
         self.stop_signal = stop
-        self.workers: list[_Worker] = []
+        self.workers: list[SupervisedWorker] = []
         # After this many seconds without progress (no output, event or exit from any
         # worker) the cell shows where each rank is; None: never (launch option
         # explain_hang_after).
@@ -312,16 +314,16 @@ class WorkerGroupBase:
         """End every worker still running and release every resource (once)."""
         raise NotImplementedError
 
-    def _poll(self, until: float | None) -> None:
+    def poll_until(self, until: float | None) -> None:
         """Handle what the workers do until `until` (at most a short while: the loop
         looks at its deadline and stop signal between calls)."""
         raise NotImplementedError
 
-    def _reap_unseen_exits(self) -> None:
-        """Record exits that `_poll` could not see (nothing to do by default)."""
+    def reap_unseen_exits(self) -> None:
+        """Record exits that `poll_until` could not see (nothing to do by default)."""
 
     def _listening_to(self, stop: StopSignal) -> contextlib.AbstractContextManager:
-        """While the block runs, `_poll` also wakes when `stop` is set."""
+        """While the block runs, `poll_until` also wakes when `stop` is set."""
         return contextlib.nullcontext()
 
     def signal(self, rank: int, signum: int) -> None:
@@ -361,7 +363,7 @@ class WorkerGroupBase:
         done: Callable[[], bool],
         deadline: float | None,
         stop: StopSignal | None,
-        failed: Callable[[], list[_Worker]] | None = None,
+        failed: Callable[[], list[SupervisedWorker]] | None = None,
     ) -> None:
         """Handle the workers' events until `done()` is true.
 
@@ -388,8 +390,8 @@ class WorkerGroupBase:
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
                 self._deadline = deadline
-                self._poll(until=self._hang_due(self._settle_wake(settle_until) or deadline))
-                self._reap_unseen_exits()
+                self.poll_until(until=self._hang_due(self._settle_wake(settle_until) or deadline))
+                self.reap_unseen_exits()
                 if deadline is not None:
                     deadline += self._prompt_seconds
                 self._prompt_seconds = 0.0
@@ -477,7 +479,7 @@ class WorkerGroupBase:
                 answered_at = time.monotonic()
             if answered_at is not None and time.monotonic() >= answered_at + STACKS_SETTLE_SECONDS:
                 break
-            self._poll(until=min(deadline, time.monotonic() + 0.05))
+            self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
         ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
         all_reducing = [
@@ -485,7 +487,7 @@ class WorkerGroupBase:
         ]
         self.emit(RanksStuck(explain(reason, stacks, ended, all_reducing)))
 
-    def _take(self, pipe: _Pipe, data: bytes) -> None:
+    def _take(self, pipe: WorkerPipe, data: bytes) -> None:
         if pipe.reader is not None:
             for event in pipe.reader.feed(data):
                 if isinstance(event, StacksNote):  # asked for by explain_where: no progress
@@ -496,7 +498,7 @@ class WorkerGroupBase:
         else:
             self._emit_lines(pipe.worker, pipe.lines.feed(data))
 
-    def _emit_lines(self, worker: _Worker, lines: list[tuple[str, str]]) -> None:
+    def _emit_lines(self, worker: SupervisedWorker, lines: list[tuple[str, str]]) -> None:
         """Emit (stream, line) pairs of `worker`'s output."""
         for stream, line in lines:
             if stream == "stderr":
@@ -506,7 +508,7 @@ class WorkerGroupBase:
             self._progressed()
             self.emit(OutputLine(worker.rank, stream, line))
 
-    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+    def _on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
         if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
             event = WorkerRaised(
                 worker.rank,
@@ -527,7 +529,7 @@ class WorkerGroupBase:
 
     # -- prompts and debuggers in a worker (launch/debugging.py) --------------------------
 
-    def _answer_prompt(self, worker: _Worker) -> None:
+    def _answer_prompt(self, worker: SupervisedWorker) -> None:
         """Ask in the cell for the line `worker` waits for, and send it back."""
         prompt = self._take_prompt(worker)
         started = time.monotonic()
@@ -566,15 +568,15 @@ class WorkerGroupBase:
                 raise KeyboardInterrupt("the run was stopped")
             self.stop_signal.set()
 
-    def _take_prompt(self, worker: _Worker) -> str:
+    def _take_prompt(self, worker: SupervisedWorker) -> str:
         """What `worker` wrote before its prompt (shown first), and the prompt itself."""
         return ""
 
-    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
         """Write `frame` down `worker`'s channel, to the prompt that waits for it."""
         raise NotImplementedError
 
-    def _stop_others_for(self, worker: _Worker) -> None:
+    def _stop_others_for(self, worker: SupervisedWorker) -> None:
         """`worker` opens its post-mortem debugger: end the other workers now, as a
         failure would; it ends when the user is done with it. A peer that raised first is
         left alone: it ends on its own (its exit may not be noticed yet), and it was no
@@ -586,7 +588,7 @@ class WorkerGroupBase:
             with contextlib.suppress(NotImplementedError):
                 self.signal(other.rank, signal.SIGTERM)
 
-    def _exited(self, worker: _Worker, exitcode: int | None, lost: str = "") -> None:
+    def _exited(self, worker: SupervisedWorker, exitcode: int | None, lost: str = "") -> None:
         """Record that `worker` exited with `exitcode` (or was lost, saying why), once
         everything it wrote before has been taken."""
         worker.exitcode, worker.lost = exitcode, lost
@@ -596,19 +598,19 @@ class WorkerGroupBase:
             self.on_clean_exit(worker.rank)
         self.emit(WorkerExited(worker.rank, exitcode))
 
-    def failed_workers(self) -> list[_Worker]:
+    def failed_workers(self) -> list[SupervisedWorker]:
         """The workers that raised, exited with a non-zero code or a signal, or were lost."""
         return [
             w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0 or bool(w.lost)
         ]
 
     @staticmethod
-    def _failures_cause_first(workers: list[_Worker]) -> list[WorkerFailure]:
+    def _failures_cause_first(workers: list[SupervisedWorker]) -> list[WorkerFailure]:
         # A worker that died without raising (a signal, os._exit, a lost node) cannot
         # be a casualty of a peer's Python exception; among the ones that raised, the
         # earliest raised first and the rest saw its connection close.
         # Those the launcher stopped for a peer's post-mortem debugger come last.
-        def order(worker: _Worker) -> tuple[int, float]:
+        def order(worker: SupervisedWorker) -> tuple[int, float]:
             if worker.stopped_for_peer and worker.error is None:
                 return (2, worker.noticed_at)
             if worker.error is None:
@@ -617,14 +619,14 @@ class WorkerGroupBase:
 
         return [_failure_of(worker) for worker in sorted(workers, key=order)]
 
-    def _ended_workers(self) -> list[_Worker]:
+    def _ended_workers(self) -> list[SupervisedWorker]:
         return [w for w in self.workers if w.error is not None or w.ended]
 
     def poll(self) -> None:
         """Handle what the workers did since the last look (output, events, exits),
         without waiting: a live group looks for a worker that died between calls."""
-        self._poll(until=time.monotonic())
-        self._reap_unseen_exits()
+        self.poll_until(until=time.monotonic())
+        self.reap_unseen_exits()
 
     def all_exited(self) -> bool:
         """Whether every worker has exited (or was lost)."""
@@ -655,8 +657,8 @@ class WorkerGroup(WorkerGroupBase):
         self._next_exit_check = 0.0
         if stop is not None:
             self._selector.register(stop.fileno(), selectors.EVENT_READ)
-        self._pipes: dict[int, _Pipe] = {}
-        self._sentinels: dict[int, _Worker] = {}
+        self._pipes: dict[int, WorkerPipe] = {}
+        self._sentinels: dict[int, SupervisedWorker] = {}
         self._stopped = False
         self._janitor = Janitor()
 
@@ -756,23 +758,23 @@ class WorkerGroup(WorkerGroupBase):
         with contextlib.suppress(OSError):
             os.setpgid(process.pid, process.pid)
         self._janitor.watch(process.pid)
-        worker = _Worker(self.spec.global_rank(local_rank), local_rank, process, command_w)
+        worker = SupervisedWorker(self.spec.global_rank(local_rank), local_rank, process, command_w)
         self.workers.append(worker)
-        self._watch(out_r, _Pipe(worker, "stdout"))
-        self._watch(err_r, _Pipe(worker, "stderr"))
-        self._watch(python_r, _Pipe(worker, PYTHON_PIPE))
-        self._watch(chan_r, _Pipe(worker, "channel", reader=ChannelReader(worker.rank)))
+        self._watch(out_r, WorkerPipe(worker, "stdout"))
+        self._watch(err_r, WorkerPipe(worker, "stderr"))
+        self._watch(python_r, WorkerPipe(worker, PYTHON_PIPE))
+        self._watch(chan_r, WorkerPipe(worker, "channel", reader=ChannelReader(worker.rank)))
         self._sentinels[process.sentinel] = worker
         self._selector.register(process.sentinel, selectors.EVENT_READ)
 
-    def _watch(self, fd: int, pipe: _Pipe) -> None:
+    def _watch(self, fd: int, pipe: WorkerPipe) -> None:
         os.set_blocking(fd, False)
         self._pipes[fd] = pipe
         self._selector.register(fd, selectors.EVENT_READ)
 
     # -- watching --------------------------------------------------------------
 
-    def _poll(self, until: float | None) -> None:
+    def poll_until(self, until: float | None) -> None:
         """Handle what happens until `until` or the next memory sample, whichever is first."""
         wake_at = self._next_sample if until is None else min(until, self._next_sample)
         for key, _ in self._selector.select(max(0.0, wake_at - time.monotonic())):
@@ -780,7 +782,7 @@ class WorkerGroup(WorkerGroupBase):
         if time.monotonic() >= self._next_sample:
             self._sample_resources()
 
-    def _reap_unseen_exits(self) -> None:
+    def reap_unseen_exits(self) -> None:
         """Exits whose sentinel never became readable (a process forked elsewhere
         while the sentinel pipe was being made holds its write end): asked of the
         operating system, at most once per sample period."""
@@ -838,11 +840,11 @@ class WorkerGroup(WorkerGroupBase):
         close_parent_only(fd)
         self._emit_lines(pipe.worker, pipe.lines.flush())  # a last line without a newline
 
-    def _on_exit(self, worker: _Worker) -> None:
+    def _on_exit(self, worker: SupervisedWorker) -> None:
         # The sentinel closes while the process exits, a moment before waitpid can
         # report it (Process.join then returns with no exit code): wait for that
         # moment. If it has not come within EXIT_STATUS_SECONDS, the next
-        # _reap_unseen_exits records the exit instead of the run waiting forever.
+        # reap_unseen_exits records the exit instead of the run waiting forever.
         deadline = time.monotonic() + EXIT_STATUS_SECONDS
         while worker.process.exitcode is None and time.monotonic() < deadline:
             time.sleep(0.001)
@@ -853,10 +855,10 @@ class WorkerGroup(WorkerGroupBase):
             self._drain(fd)
         self._exited(worker, worker.process.exitcode)
 
-    def _fds_of(self, worker: _Worker) -> list[int]:
+    def _fds_of(self, worker: SupervisedWorker) -> list[int]:
         return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
 
-    def _take_prompt(self, worker: _Worker) -> str:
+    def _take_prompt(self, worker: SupervisedWorker) -> str:
         prompt = ""
         for fd in self._fds_of(worker):
             pipe = self._pipes[fd]
@@ -865,10 +867,10 @@ class WorkerGroup(WorkerGroupBase):
                 prompt += pipe.lines.take_partial("stdout")
         return prompt
 
-    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
         write_before(self.channel_fd(worker), frame, time.monotonic() + ANSWER_WRITE_SECONDS)
 
-    def channel_fd(self, worker: _Worker) -> int:
+    def channel_fd(self, worker: SupervisedWorker) -> int:
         """This process's end of `worker`'s channel; OSError once it is closed."""
         for fd in self._fds_of(worker):
             if self._pipes[fd].stream == "channel":
@@ -966,7 +968,7 @@ def read_some(fd: int) -> bytes:
         return b""
 
 
-def _failure_of(worker: _Worker) -> WorkerFailure:
+def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
     return WorkerFailure(
         rank=worker.rank,
         exitcode=worker.exitcode,
@@ -977,14 +979,14 @@ def _failure_of(worker: _Worker) -> WorkerFailure:
     )
 
 
-def _how_it_ended(worker: _Worker) -> str:
+def _how_it_ended(worker: SupervisedWorker) -> str:
     failure = _failure_of(worker)
     if worker.exitcode == 0 and not failure.exception and not failure.lost:
         return "finished (exited with code 0)"
     return failure.how
 
 
-def _end_processes(workers: list[_Worker]) -> None:
+def _end_processes(workers: list[SupervisedWorker]) -> None:
     """SIGTERM, a grace period, SIGKILL, and a bounded wait for the kernel to reap them."""
     for worker in workers:  # the whole group: what the worker started may clean up too
         kill_group(worker.process.pid, signal.SIGTERM)
@@ -998,10 +1000,6 @@ def _end_processes(workers: list[_Worker]) -> None:
     _wait_for_exit(workers, KILL_REAP_SECONDS)
 
 
-# Kept under its old name for code that imported it from here.
-_interrupts_deferred = interrupts_deferred
-
-
 def _signal(pid: int, signum: int) -> None:
     try:
         os.kill(pid, signum)
@@ -1009,7 +1007,7 @@ def _signal(pid: int, signum: int) -> None:
         pass
 
 
-def _wait_for_exit(workers: list[_Worker], seconds: float) -> None:
+def _wait_for_exit(workers: list[SupervisedWorker], seconds: float) -> None:
     deadline = time.monotonic() + seconds
     for worker in workers:
         remaining = max(0.0, deadline - time.monotonic())

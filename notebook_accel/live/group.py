@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 from notebook_accel.launch.attempt import open_group
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
-from notebook_accel.launch.preflight import LaunchPlan
+from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroupBase, interrupts_stop
 from notebook_accel.live.protocol import Call, encode
 from notebook_accel.live.values import unpack

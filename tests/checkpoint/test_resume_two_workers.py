@@ -28,7 +28,7 @@ from notebook_accel import (
 )
 from notebook_accel.checkpoint import training_state as checkpoint_module
 from notebook_accel.checkpoint.training_state import list_checkpoints
-from notebook_accel.launch.fresh import ENV_START_METHOD
+from notebook_accel.launch.options import ENV_START_METHOD
 
 N, BATCH, EPOCHS = 48, 4, 3  # 48 samples / (4 per rank x 2 ranks) = 6 steps per epoch
 

@@ -74,7 +74,7 @@ STEPS = [
     (dist, "TCPStore"),
     (forking.Janitor, "start"),
     (supervisor.WorkerGroup, "_start_one"),
-    (supervisor.WorkerGroup, "_poll"),
+    (supervisor.WorkerGroup, "poll_until"),
     (supervisor.WorkerGroup, "_on_exit"),
     (supervisor.WorkerGroup, "stop"),
     (supervisor, "_end_processes"),

@@ -11,8 +11,8 @@ import torch
 
 from notebook_accel import notebook_launcher, platforms
 from notebook_accel.launch import preflight
-from notebook_accel.launch.fresh import ENV_START_METHOD
 from notebook_accel.launch.launcher import fresh_start_message
+from notebook_accel.launch.options import ENV_START_METHOD
 from notebook_accel.launch.preflight import held_device_types, plan_launch
 from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused, cuda, cuda_origin
 from notebook_accel.platforms.cuda_origin import CudaOrigin

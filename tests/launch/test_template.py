@@ -22,7 +22,7 @@ import torch
 
 from notebook_accel import WorkerError, last_run, notebook_launcher
 from notebook_accel.launch import template
-from notebook_accel.launch.fresh import ENV_START_METHOD
+from notebook_accel.launch.options import ENV_START_METHOD
 
 # Far beyond what any wait here needs: reaching it is a failure, never a hang.
 WAIT_SECONDS = 30.0

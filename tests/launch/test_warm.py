@@ -14,8 +14,7 @@ import torch
 
 from notebook_accel import last_run, notebook_launcher
 from notebook_accel.launch import warm
-from notebook_accel.launch.fresh import ENV_START_METHOD
-from notebook_accel.launch.options import OPTIONS, LaunchConfig
+from notebook_accel.launch.options import ENV_START_METHOD, OPTIONS, LaunchConfig
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.platforms import GpuInfo, Hardware, LaunchRefused
 

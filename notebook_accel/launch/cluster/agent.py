@@ -36,7 +36,7 @@ from typing import Any
 from notebook_accel.launch.rendezvous import Rendezvous
 from notebook_accel.launch.supervisor import (
     WorkerGroup,
-    _Pipe,
+    WorkerPipe,
     connection_addresses,
     write_before,
 )
@@ -130,8 +130,8 @@ class NodeAgent:
                 if group is None:
                     return []
                 if not group.all_exited():
-                    group._poll(until=min(deadline, time.monotonic() + POLL_SLICE_SECONDS))
-                    group._reap_unseen_exits()
+                    group.poll_until(until=min(deadline, time.monotonic() + POLL_SLICE_SECONDS))
+                    group.reap_unseen_exits()
                 if self._outbox or group.all_exited() or time.monotonic() >= deadline:
                     relayed = list(self._outbox)
                     self._outbox.clear()
@@ -220,7 +220,7 @@ class _RelayGroup(WorkerGroup):
 
     reported_exit = False
 
-    def _take(self, pipe: _Pipe, data: bytes) -> None:
+    def _take(self, pipe: WorkerPipe, data: bytes) -> None:
         if pipe.stream == "channel":
             # What the worker wrote before it sent this goes first: the kernel takes a
             # prompt's text from the end of its stdout (launch/debugging.py).

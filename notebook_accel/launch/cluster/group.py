@@ -46,19 +46,19 @@ from notebook_accel.launch.cluster.pool import (
     take_pool,
     wait_for,
 )
+from notebook_accel.launch.cluster.request import ClusterRequest
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
 from notebook_accel.launch.output_pipes import PYTHON_PIPE
-from notebook_accel.launch.preflight import LaunchPlan
 from notebook_accel.launch.supervisor import (
     ANSWER_WRITE_SECONDS,
     KILL_REAP_SECONDS,
     TERMINATE_GRACE_SECONDS,
     Emit,
     StopSignal,
+    SupervisedWorker,
     WorkerGroupBase,
-    _Pipe,
-    _Worker,
+    WorkerPipe,
 )
 from notebook_accel.launch.worker import WorkerSpec
 from notebook_accel.reporting.events import ModulesImported, RunEvent, WorkerExited
@@ -94,8 +94,8 @@ class RayWorkerGroup(WorkerGroupBase):
         self.pool = pool
         self.rendezvous_timeout = rendezvous_timeout
         self._ray = require_ray()
-        self._polls: dict[Any, _Worker] = {}
-        self._pipes: dict[tuple[int, str], _Pipe] = {}
+        self._polls: dict[Any, SupervisedWorker] = {}
+        self._pipes: dict[tuple[int, str], WorkerPipe] = {}
         self._agents: dict[int, Any] = {}
         # The modules each agent was told to import.
         self._imported: dict[int, set[str]] = {}
@@ -119,11 +119,13 @@ class RayWorkerGroup(WorkerGroupBase):
         shipped = ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
-            worker = _Worker(place.rank, place.local_rank, process=place, where=place.where)
+            worker = SupervisedWorker(
+                place.rank, place.local_rank, process=place, where=place.where
+            )
             self.workers.append(worker)
             self._agents[place.rank] = agent
             for stream in STREAMS:
-                self._pipes[(place.rank, stream)] = _Pipe(worker, stream, reader=None)
+                self._pipes[(place.rank, stream)] = WorkerPipe(worker, stream, reader=None)
             self._pipes[(place.rank, "channel")].reader = _channel_reader(place.rank)
             spec = self._spec_for(place, master, port)
             starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
@@ -154,7 +156,7 @@ class RayWorkerGroup(WorkerGroupBase):
         )
 
     def _wait_started(
-        self, starts: dict[Any, _Worker], interrupt: Callable[[], bool] | None
+        self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
     ) -> None:
         ray = self._ray
         deadline = time.monotonic() + AGENT_START_SECONDS
@@ -164,16 +166,9 @@ class RayWorkerGroup(WorkerGroupBase):
                 raise KeyboardInterrupt("the run was stopped")
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
             for ref in ready:
-                worker = starts[ref]
-                try:
-                    ray.get(ref)
-                except ray.exceptions.RayActorError as error:
-                    self._lose(worker, error)
-                    continue
-                except ray.exceptions.RayTaskError as error:
-                    self._lose(worker, error, because="its agent could not start it")
-                    continue
-                self._relay(worker)
+                failed = ray.exceptions.RayTaskError
+                if self._answer(ref, starts[ref], failed, "its agent could not start it")[0]:
+                    self._relay(starts[ref])
         for ref in pending:
             self._lose(
                 starts[ref], None, because=f"it did not start within {AGENT_START_SECONDS:.0f} s"
@@ -181,7 +176,7 @@ class RayWorkerGroup(WorkerGroupBase):
 
     # -- watching --------------------------------------------------------------
 
-    def _poll(self, until: float | None) -> None:
+    def poll_until(self, until: float | None) -> None:
         ray = self._ray
         now = time.monotonic()
         wait = POLL_SLICE_SECONDS if until is None else min(POLL_SLICE_SECONDS, until - now)
@@ -195,22 +190,31 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            try:
-                relayed = ray.get(ref)
-            except ray.exceptions.RayActorError as error:
-                self._lose(worker, error)
-                continue
-            except ray.exceptions.RayError as error:
-                self._lose(worker, error, because="its agent failed")
-                continue
-            self._deliver(worker, relayed)
-            if not worker.ended:
-                self._relay(worker)
+            answered, relayed = self._answer(
+                ref, worker, ray.exceptions.RayError, "its agent failed"
+            )
+            if answered:
+                self._deliver(worker, relayed)
+                if not worker.ended:
+                    self._relay(worker)
 
-    def _relay(self, worker: _Worker) -> None:
+    def _answer(
+        self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
+    ) -> tuple[bool, Any]:
+        """(True, what `worker`'s agent answered to the call `ref`), or (False, None) with
+        the worker lost: its agent is gone, or the call raised `failed` (`because` says)."""
+        try:
+            return True, self._ray.get(ref)
+        except self._ray.exceptions.RayActorError as error:
+            self._lose(worker, error)
+        except failed as error:
+            self._lose(worker, error, because=because)
+        return False, None
+
+    def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
-    def _deliver(self, worker: _Worker, relayed: list[Any]) -> None:
+    def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
         for item in relayed:
             if isinstance(item, tuple):
                 stream, data = item
@@ -222,7 +226,7 @@ class RayWorkerGroup(WorkerGroupBase):
             else:  # the agent's own events: memory samples
                 self.emit(item)
 
-    def _on_event(self, worker: _Worker, event: RunEvent) -> None:
+    def _on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
         if isinstance(event, ModulesImported):
             self._warm_agents(event.modules)
         super()._on_event(worker, event)
@@ -239,11 +243,13 @@ class RayWorkerGroup(WorkerGroupBase):
                 sent.update(name for name, _ in new)
                 agent.warm.remote(new)
 
-    def _flush(self, worker: _Worker) -> None:
+    def _flush(self, worker: SupervisedWorker) -> None:
         for stream in OUTPUT_STREAMS:
             self._emit_lines(worker, self._pipes[(worker.rank, stream)].lines.flush())
 
-    def _lose(self, worker: _Worker, error: BaseException | None, because: str = "") -> None:
+    def _lose(
+        self, worker: SupervisedWorker, error: BaseException | None, because: str = ""
+    ) -> None:
         """`worker` ended without a word from it: `because` says why, followed by Ray's
         error; without `because`, its agent cannot be reached (its node left the
         cluster, most often), said in our words alone: Ray's text for that is about its
@@ -262,14 +268,14 @@ class RayWorkerGroup(WorkerGroupBase):
 
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
-    def _take_prompt(self, worker: _Worker) -> str:
+    def _take_prompt(self, worker: SupervisedWorker) -> str:
         # The agent relays a worker's output before what its channel sent after it.
         return "".join(
             self._pipes[(worker.rank, stream)].lines.take_partial("stdout")
             for stream in OUTPUT_STREAMS
         )
 
-    def _send_answer(self, worker: _Worker, frame: bytes) -> None:
+    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
         ray = self._ray
         ref = self._agents[worker.rank].answer.remote(frame, ANSWER_WRITE_SECONDS)
         try:
@@ -349,31 +355,27 @@ class RayWorkerGroup(WorkerGroupBase):
                     self._flush(worker)
             self._polls.clear()
 
-    def _worker(self, rank: int) -> _Worker | None:
+    def _worker(self, rank: int) -> SupervisedWorker | None:
         return next((worker for worker in self.workers if worker.rank == rank), None)
 
 
 @contextmanager
 def open_cluster_group(
-    plan: LaunchPlan,
+    request: ClusterRequest,
+    spec: WorkerSpec,
+    rendezvous_timeout: float,
     emit: Emit,
     stop: StopSignal | None,
-    attempt: int,
-    commands: bool,
     interrupt: StopSignal | None,
 ) -> Iterator[RayWorkerGroup]:
-    """The workers of one attempt on the cluster, started; when the block ends, stopped,
-    and their pool kept warm, or released when the run was stopped, timed out or lost
-    a node."""
-    request = plan.cluster
-    assert request is not None
+    """The workers of one attempt on the cluster, each started from `spec`; when the block
+    ends, stopped, and their pool kept warm, or released when the run was stopped, timed
+    out or lost a node."""
     asked_to_stop = interrupt.is_set if interrupt is not None else None
     connect(request.address)
     pool = take_pool(request, asked_to_stop)
-    spec = dataclasses.replace(
-        plan.worker_spec(0, attempt), commands=commands, shipped=request.shipped
-    )
-    group = RayWorkerGroup(spec, emit, stop, pool, plan.rendezvous_timeout)
+    spec = dataclasses.replace(spec, shipped=request.shipped)
+    group = RayWorkerGroup(spec, emit, stop, pool, rendezvous_timeout)
     keep = False
     try:
         group.start(asked_to_stop)

@@ -1,7 +1,8 @@
 """The checks a launch on a Ray cluster makes before anything starts, and its request.
 
-In this order, each with an error that says what to do: the options that
-only mean something on one machine, Ray installed, the function and its
+In this order, each with an error that says what to do (the options of one
+machine alone were refused before, launch/options.py): the backend and the
+placement asked for, Ray installed, the function and its
 arguments able to travel to the nodes, the cluster reachable (a cluster of
 this machine alone is started when none is named), and the cluster big
 enough for what was asked (Ray would wait forever for a placement group it
@@ -19,22 +20,12 @@ from notebook_accel.platforms.base import Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import platform_named
 
-# Options that choose machines and ports by hand: on a cluster, Ray places the workers.
-_BY_HAND = {
-    "num_nodes": 1,
-    "node_rank": 0,
-    "master_addr": "127.0.0.1",
-    "use_port": None,
-    "devices": None,
-    "start_method": None,
-}
-
 
 def place_on_cluster(
     values: dict[str, Any], function: Any, args: tuple, kwargs: dict
 ) -> tuple[Platform, ClusterRequest]:
     """The platform the workers run on and what to ask of the cluster, or an error."""
-    _refuse_options_for_one_machine(values)
+    _refuse_options_for_this_machine(values)
     require_ray()
     shipped = _packed(function, args, kwargs)
     connect(values["ray_address"])
@@ -70,15 +61,9 @@ def place_on_cluster(
     return platform, request
 
 
-def _refuse_options_for_one_machine(values: dict[str, Any]) -> None:
-    given = [name for name, default in _BY_HAND.items() if values.get(name) != default]
-    if given:
-        raise ValueError(
-            f"{', '.join(given)} {'chooses' if len(given) == 1 else 'choose'} machines, "
-            "ports or devices by hand; with cluster='ray', Ray places the workers: leave "
-            f"{'it' if len(given) == 1 else 'them'} unset (num_processes, workers_per_node "
-            "and placement_strategy say how many and where)."
-        )
+def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
+    """Values that only this machine can honour (options of this machine alone are refused
+    before: options.check_options_fit_place)."""
     if values["backend"] == "xla":
         raise ValueError(
             "backend='xla' runs on this machine's TPU only; on a Ray cluster the workers "
