@@ -16,6 +16,7 @@ from typing import Any
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
 from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
 from notebook_accel.launch.errors import PlacementError
+from notebook_accel.launch.packing import pack_for_cluster
 from notebook_accel.platforms.base import Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import platform_named
@@ -77,8 +78,6 @@ def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
 
 
 def _packed(function: Any, args: tuple, kwargs: dict) -> bytes:
-    from notebook_accel.launch.packing import pack_for_cluster
-
     try:
         return pack_for_cluster(function, args, kwargs)
     except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
