@@ -2,11 +2,10 @@
 
 In this order, each with an error that says what to do (the options of one
 machine alone were refused before, launch/options.py): the backend and the
-placement asked for, Ray installed, the function and its
-arguments able to travel to the nodes, the cluster reachable (a cluster of
-this machine alone is started when none is named), and the cluster big
-enough for what was asked (Ray would wait forever for a placement group it
-cannot hold).
+placement asked for, Ray installed, the function and its arguments able to
+travel to the nodes, the cluster reachable (a cluster of this machine alone
+is started when none is named), and the cluster big enough for what was
+asked (Ray would wait forever for a placement group it cannot hold).
 """
 
 from __future__ import annotations
