@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from notebook_accel.launch.channel import ChannelReader
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
 from notebook_accel.launch.cluster.pool import (
     AGENT_START_SECONDS,
@@ -126,7 +127,7 @@ class RayWorkerGroup(WorkerGroupBase):
             self._agents[place.rank] = agent
             for stream in STREAMS:
                 self._pipes[(place.rank, stream)] = WorkerPipe(worker, stream, reader=None)
-            self._pipes[(place.rank, "channel")].reader = _channel_reader(place.rank)
+            self._pipes[(place.rank, "channel")].reader = ChannelReader(place.rank)
             spec = self._spec_for(place, master, port)
             starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
         self._wait_started(starts, interrupt)
@@ -389,12 +390,6 @@ def open_cluster_group(
         return_pool(pool, keep and not group.lost_any)
 
 
-def _channel_reader(rank: int) -> Any:
-    from notebook_accel.launch.channel import ChannelReader
-
-    return ChannelReader(rank)
-
-
 def import_what_a_run_uses() -> None:
     """Import what a run on the cluster imports on first use, on the calling thread: a run
     started from the panel goes on in a thread of its own, where nothing may be imported
@@ -402,9 +397,6 @@ def import_what_a_run_uses() -> None:
     require_ray()
     import ray.util.placement_group  # noqa: F401
     import ray.util.scheduling_strategies  # noqa: F401
-
-    from notebook_accel.launch import channel  # noqa: F401
-    from notebook_accel.launch.cluster import pool  # noqa: F401
 
 
 def _node_lost(node_id: str) -> str:

@@ -2,11 +2,10 @@
 
 In this order, each with an error that says what to do (the options of one
 machine alone were refused before, launch/options.py): the backend and the
-placement asked for, Ray installed, the function and its
-arguments able to travel to the nodes, the cluster reachable (a cluster of
-this machine alone is started when none is named), and the cluster big
-enough for what was asked (Ray would wait forever for a placement group it
-cannot hold).
+placement asked for, Ray installed, the function and its arguments able to
+travel to the nodes, the cluster reachable (a cluster of this machine alone
+is started when none is named), and the cluster big enough for what was
+asked (Ray would wait forever for a placement group it cannot hold).
 """
 
 from __future__ import annotations
@@ -16,6 +15,7 @@ from typing import Any
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
 from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
 from notebook_accel.launch.errors import PlacementError
+from notebook_accel.launch.packing import pack_for_cluster
 from notebook_accel.platforms.base import Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import platform_named
@@ -77,8 +77,6 @@ def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
 
 
 def _packed(function: Any, args: tuple, kwargs: dict) -> bytes:
-    from notebook_accel.launch.packing import pack_for_cluster
-
     try:
         return pack_for_cluster(function, args, kwargs)
     except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
