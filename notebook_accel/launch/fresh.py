@@ -14,9 +14,8 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   a forked worker. They are pickled once per launch into an in-memory file
   that every worker reads.
 
-`FreshProcess` has the part of `multiprocessing.Process` the supervisor uses
-(pid, sentinel, exitcode, join, close), so every start method shares one
-supervisor. Start method "forkserver" (launch/template.py) forks the workers
+`FreshProcess` is a `processes.ProcessHandle`, as every worker is, so every
+start method shares one supervisor. Start method "forkserver" (launch/template.py) forks the workers
 from one such interpreter, started once, instead of starting one per worker;
 they run the same code from `run_shipped` on.
 """
@@ -25,8 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
+import signal
 import subprocess
 import sys
 from typing import Any, NoReturn
@@ -34,6 +33,7 @@ from typing import Any, NoReturn
 import cloudpickle
 
 from notebook_accel.launch.packing import pack
+from notebook_accel.launch.processes import bootstrap, interpreter_argv, send_signal
 
 # The names `start_method` takes; "auto" forks unless the kernel can no longer,
 # then uses "forkserver".
@@ -42,11 +42,7 @@ START_METHODS = ("auto", "fork", "forkserver", "spawn")
 # (tests run the launcher's suite under each this way).
 ENV_START_METHOD = "NOTEBOOK_ACCEL_START_METHOD"
 
-# Runs in the new interpreter: the kernel's import path first, then the worker.
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from notebook_accel.launch.fresh import child_main; child_main(sys.argv[2:])"
-)
+_BOOTSTRAP = bootstrap(__name__, "child_main")
 
 
 def resolve_start_method(asked: str | None) -> str:
@@ -91,7 +87,7 @@ def in_memory_file(name: str, data: bytes) -> int:
 
 
 class FreshProcess:
-    """One worker in a new interpreter, watched as a `multiprocessing.Process` is."""
+    """One worker in a new interpreter (a `processes.ProcessHandle`)."""
 
     def __init__(
         self,
@@ -115,7 +111,7 @@ class FreshProcess:
             os.getpid(),
             command_fd,
         )
-        self._argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), *map(str, fds)]
+        self._argv = interpreter_argv(_BOOTSTRAP, *fds)
         self._fds = tuple(
             fd
             for fd in (spec_fd, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
@@ -156,6 +152,11 @@ class FreshProcess:
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout)
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Send `signum` to it while it runs."""
+        if self.exitcode is None:
+            send_signal(self.sentinel, signum)
 
     def close(self) -> None:
         """Release the sentinel (after it has exited)."""

@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
-import multiprocessing.connection
 import os
 import select
 import selectors
@@ -48,12 +46,12 @@ from notebook_accel.launch.forking import (
     guarded,
     heap_frozen,
     interrupts_deferred,
-    kill_group,
     parent_only,
     parent_only_fds,
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
 from notebook_accel.launch.output_pipes import PYTHON_PIPE, FramedLines, StreamLines
+from notebook_accel.launch.processes import ForkedProcess, end_processes, kill_group
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
@@ -79,10 +77,6 @@ SETTLE_SECONDS = 0.25
 # loaded machine, or with a stream slow to flush, that can outlast the settle period: its
 # exit code belongs in the WorkerError, so the launcher waits for it this long at most.
 RAISED_EXIT_SECONDS = 10.0
-# SIGTERM, then this long, then SIGKILL.
-TERMINATE_GRACE_SECONDS = 0.8
-# After SIGKILL, how long to wait for the kernel to reap a worker.
-KILL_REAP_SECONDS = 10.0
 # How often the supervisor samples each worker's memory for live views, and
 # looks for an exit its sentinel did not show.
 RESOURCE_SAMPLE_SECONDS = 1.0
@@ -223,8 +217,8 @@ class FatalReport:
 class _Worker:
     rank: int
     local_rank: int
-    # A multiprocessing process, a FreshProcess or a TemplateProcess here; what
-    # stands for one elsewhere (a cluster's group keeps its own handle).
+    # A `processes.ProcessHandle` here, however it was started; what stands for one
+    # elsewhere (a cluster's group keeps its own handle).
     process: Any
     command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
@@ -673,9 +667,8 @@ class WorkerGroup(WorkerGroupBase):
             if self.spec.start_method in ("spawn", "forkserver"):
                 self._start_fresh()
             else:
-                context = multiprocessing.get_context("fork")
                 for local_rank in self.local_ranks:
-                    self._start_one(functools.partial(self._forked, context), local_rank)
+                    self._start_one(self._forked, local_rank)
 
     def _start_fresh(self) -> None:
         # A fresh interpreter per worker, or forked from the template (started once).
@@ -689,7 +682,6 @@ class WorkerGroup(WorkerGroupBase):
 
     def _forked(
         self,
-        context: Any,
         local_rank: int,
         out_w: int,
         err_w: int,
@@ -697,12 +689,12 @@ class WorkerGroup(WorkerGroupBase):
         chan_w: int,
         command_r: int | None,
         name: str,
-    ) -> multiprocessing.process.BaseProcess:
+    ) -> ForkedProcess:
         # The child must hold no read end of any pipe (its own, those of the
         # workers started before it, those of another launch), nor a socket or
         # janitor pipe of this process.
         inherited = parent_only_fds()
-        return context.Process(
+        return ForkedProcess(
             target=worker_main,
             args=(
                 self.spec,
@@ -906,8 +898,8 @@ class WorkerGroup(WorkerGroupBase):
     def signal(self, rank: int, signum: int) -> None:
         """Send `signum` to worker `rank` if it still runs."""
         for worker in self.workers:
-            if worker.rank == rank and worker.process.exitcode is None:
-                _signal(worker.process.pid, signum)
+            if worker.rank == rank:
+                worker.process.kill(signum)
 
     # -- stopping --------------------------------------------------------------
 
@@ -925,7 +917,7 @@ class WorkerGroup(WorkerGroupBase):
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
         descendants = _descendants([w.process.pid for w in alive])
-        _end_processes(alive)
+        end_processes([worker.process for worker in alive])
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
         for worker in self.workers:
@@ -982,38 +974,6 @@ def _how_it_ended(worker: _Worker) -> str:
     if worker.exitcode == 0 and not failure.exception and not failure.lost:
         return "finished (exited with code 0)"
     return failure.how
-
-
-def _end_processes(workers: list[_Worker]) -> None:
-    """SIGTERM, a grace period, SIGKILL, and a bounded wait for the kernel to reap them."""
-    for worker in workers:  # the whole group: what the worker started may clean up too
-        kill_group(worker.process.pid, signal.SIGTERM)
-        _signal(worker.process.pid, signal.SIGTERM)  # in case it is not its group's leader yet
-    _wait_for_exit(workers, TERMINATE_GRACE_SECONDS)
-    for worker in workers:
-        if worker.process.exitcode is None:
-            _signal(worker.process.pid, signal.SIGKILL)
-    # SIGKILL always ends a process, but one freeing a GPU context can take a
-    # while; wait for it (bounded) so that no child is left unreaped.
-    _wait_for_exit(workers, KILL_REAP_SECONDS)
-
-
-# Kept under its old name for code that imported it from here.
-_interrupts_deferred = interrupts_deferred
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_for_exit(workers: list[_Worker], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    for worker in workers:
-        remaining = max(0.0, deadline - time.monotonic())
-        worker.process.join(timeout=remaining)
 
 
 def _descendants(pids: list[int]) -> list[psutil.Process]:

@@ -48,8 +48,8 @@ after the previous one died), the launch does not fail: its workers start in
 fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
 workers of later launches, without trying again, until `shutdown_template()`.
 
-`TemplateProcess` has the interface of `fresh.FreshProcess` (pid, sentinel,
-exitcode, join, close, start), so the supervisor watches both alike. Reading
+`TemplateProcess` is a `processes.ProcessHandle`, as `fresh.FreshProcess` is,
+so the supervisor watches both alike. Reading
 the template's messages is shared between threads: several launches, from
 several threads, use one template.
 
@@ -82,6 +82,7 @@ from typing import Any
 
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
+from notebook_accel.launch.processes import bootstrap, interpreter_argv, send_signal
 from notebook_accel.launch.template_messages import (
     EXIT_SECONDS,
     MAX_FDS,
@@ -96,12 +97,7 @@ START_SECONDS = 120.0
 # How long a request waits for its answer: the template may be inside one import.
 ANSWER_SECONDS = 60.0
 
-# Runs in the new interpreter: the kernel's import path first, then the template.
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from notebook_accel.launch.template_server import template_main; "
-    "template_main(sys.argv[2:])"
-)
+_BOOTSTRAP = bootstrap("notebook_accel.launch.template_server", "template_main")
 # Modules per message, so that one message stays far below the socket's buffer.
 _MODULES_PER_MESSAGE = 200
 _STDERR_TAIL = 2000
@@ -155,7 +151,7 @@ class TemplateStatus:
 
 
 class TemplateProcess:
-    """One worker forked from the template, watched as a `multiprocessing.Process` is.
+    """One worker forked from the template (a `processes.ProcessHandle`).
 
     Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
     TemplateWarning) when no template can be used.
@@ -224,6 +220,11 @@ class TemplateProcess:
             self._fresh.join(timeout)
         elif self._exitcode is None and self._template is not None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        """Send `signum` to it while it runs."""
+        if self.exitcode is None:
+            send_signal(self.sentinel, signum)
 
     def close(self) -> None:
         """Release the sentinel (after it has exited); once."""
@@ -504,8 +505,8 @@ class _Template:
         parent_only(ours.fileno())  # a worker forked from this process must not hold it
         # Its errors land here: read back for the message if it cannot start.
         self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
-        argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(theirs.fileno())]
-        argv.append(str(os.getpid()))  # the kernel, which it dies with
+        # The kernel's pid: it dies with the kernel.
+        argv = interpreter_argv(_BOOTSTRAP, theirs.fileno(), os.getpid())
         # Its own process group: the kernel's stop button (SIGINT to the kernel's
         # group) is the launcher's to handle.
         group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
