@@ -27,13 +27,12 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 from typing import Any, NoReturn
 
 import cloudpickle
 
 from notebook_accel.launch.packing import pack
-from notebook_accel.launch.processes import bootstrap, interpreter_argv, send_signal
+from notebook_accel.launch.processes import bootstrap, send_signal, start_interpreter
 
 # The names `start_method` takes; "auto" forks unless the kernel can no longer,
 # then uses "forkserver".
@@ -111,7 +110,7 @@ class FreshProcess:
             os.getpid(),
             command_fd,
         )
-        self._argv = interpreter_argv(_BOOTSTRAP, *fds)
+        self._args = fds
         self._fds = tuple(
             fd
             for fd in (spec_fd, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
@@ -123,18 +122,13 @@ class FreshProcess:
 
     def start(self) -> None:
         """Start the interpreter; only the listed descriptors go with it."""
-        # A group of its own from the start: the kernel's stop button (SIGINT to
-        # the kernel's group) leaves it to the launcher, as with forked workers.
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
-        self._popen = subprocess.Popen(
-            self._argv,
-            stdin=subprocess.DEVNULL,
+        self._popen = start_interpreter(
+            _BOOTSTRAP,
+            *self._args,
             # Errors before the worker's own redirection (a failed import) reach the cell too.
             stdout=self._stdout,
             stderr=self._stderr,
             pass_fds=self._fds,
-            close_fds=True,
-            **group,
         )
         self.sentinel = os.pidfd_open(self._popen.pid)
 

@@ -82,7 +82,7 @@ from typing import Any
 
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
-from notebook_accel.launch.processes import bootstrap, interpreter_argv, send_signal
+from notebook_accel.launch.processes import bootstrap, send_signal, start_interpreter
 from notebook_accel.launch.template_messages import (
     EXIT_SECONDS,
     MAX_FDS,
@@ -439,8 +439,10 @@ def _origin(name: str) -> str | None:
     return spec.origin
 
 
-def _start_from_lasting_thread(argv: list[str], **popen_args: Any) -> tuple[Any, threading.Event]:
-    """`subprocess.Popen(argv)` from a thread that lasts until the returned event is set.
+def _start_from_lasting_thread(
+    start: Callable[[], subprocess.Popen],
+) -> tuple[subprocess.Popen, threading.Event]:
+    """`start()` from a thread that lasts until the returned event is set.
 
     Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
     ends, not its process: started from a launch's own thread (the panel's), the
@@ -451,7 +453,7 @@ def _start_from_lasting_thread(argv: list[str], **popen_args: Any) -> tuple[Any,
 
     def run() -> None:
         try:
-            outcome.append(subprocess.Popen(argv, **popen_args))
+            outcome.append(start())
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             outcome.append(error)
         finally:
@@ -505,21 +507,17 @@ class _Template:
         parent_only(ours.fileno())  # a worker forked from this process must not hold it
         # Its errors land here: read back for the message if it cannot start.
         self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
-        # The kernel's pid: it dies with the kernel.
-        argv = interpreter_argv(_BOOTSTRAP, theirs.fileno(), os.getpid())
-        # Its own process group: the kernel's stop button (SIGINT to the kernel's
-        # group) is the launcher's to handle.
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         started = time.perf_counter()
         try:
             self._popen, self._release = _start_from_lasting_thread(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
-                pass_fds=(theirs.fileno(),),
-                close_fds=True,
-                **group,
+                lambda: start_interpreter(
+                    _BOOTSTRAP,
+                    theirs.fileno(),
+                    os.getpid(),  # the kernel, which it dies with
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._stderr,
+                    pass_fds=(theirs.fileno(),),
+                )
             )
         except TemplateUnavailable:
             self.close()
