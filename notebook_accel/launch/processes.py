@@ -131,6 +131,12 @@ class ForkedProcess(multiprocessing.context.ForkProcess):
                 os.kill(self.pid, signum)
 
 
+class ForkContext(multiprocessing.context.ForkContext):
+    """multiprocessing's fork context, whose processes are `ForkedProcess`es."""
+
+    Process = ForkedProcess
+
+
 class ChildProcess:
     """A child this process forked itself (`os.fork()`), watched through a pidfd."""
 

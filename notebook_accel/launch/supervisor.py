@@ -51,7 +51,14 @@ from notebook_accel.launch.forking import (
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
 from notebook_accel.launch.output_pipes import PYTHON_PIPE, FramedLines, StreamLines
-from notebook_accel.launch.processes import ForkedProcess, end_processes, kill_group
+from notebook_accel.launch.processes import (
+    KILL_REAP_SECONDS,
+    TERMINATE_GRACE_SECONDS,
+    ForkContext,
+    ForkedProcess,
+    end_processes,
+    kill_group,
+)
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
@@ -217,8 +224,8 @@ class FatalReport:
 class _Worker:
     rank: int
     local_rank: int
-    # A `processes.ProcessHandle` here, however it was started; what stands for one
-    # elsewhere (a cluster's group keeps its own handle).
+    # A multiprocessing process, a FreshProcess or a TemplateProcess here; what
+    # stands for one elsewhere (a cluster's group keeps its own handle).
     process: Any
     command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
@@ -667,8 +674,9 @@ class WorkerGroup(WorkerGroupBase):
             if self.spec.start_method in ("spawn", "forkserver"):
                 self._start_fresh()
             else:
+                context = ForkContext()
                 for local_rank in self.local_ranks:
-                    self._start_one(self._forked, local_rank)
+                    self._start_one(functools.partial(self._forked, context), local_rank)
 
     def _start_fresh(self) -> None:
         # A fresh interpreter per worker, or forked from the template (started once).
@@ -682,6 +690,7 @@ class WorkerGroup(WorkerGroupBase):
 
     def _forked(
         self,
+        context: ForkContext,
         local_rank: int,
         out_w: int,
         err_w: int,
@@ -694,7 +703,7 @@ class WorkerGroup(WorkerGroupBase):
         # workers started before it, those of another launch), nor a socket or
         # janitor pipe of this process.
         inherited = parent_only_fds()
-        return ForkedProcess(
+        return context.Process(
             target=worker_main,
             args=(
                 self.spec,
@@ -917,7 +926,7 @@ class WorkerGroup(WorkerGroupBase):
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
         descendants = _descendants([w.process.pid for w in alive])
-        end_processes([worker.process for worker in alive])
+        end_processes([w.process for w in alive], TERMINATE_GRACE_SECONDS, KILL_REAP_SECONDS)
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
         for worker in self.workers:

@@ -50,9 +50,10 @@ from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
 from notebook_accel.launch.output_pipes import PYTHON_PIPE
 from notebook_accel.launch.preflight import LaunchPlan
-from notebook_accel.launch.processes import KILL_REAP_SECONDS, TERMINATE_GRACE_SECONDS
 from notebook_accel.launch.supervisor import (
     ANSWER_WRITE_SECONDS,
+    KILL_REAP_SECONDS,
+    TERMINATE_GRACE_SECONDS,
     Emit,
     StopSignal,
     WorkerGroupBase,
