@@ -242,10 +242,8 @@ def end_new_descendants(running_before: set[int]) -> None:
                 process.suspend()
                 stopped.append(process)
     # Stopped processes act on SIGKILL alone; what a failed start leaves has nothing to save.
-    for process in stopped:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(stopped, timeout=5.0)
+    ending = [processes.OtherProcess(process) for process in stopped]
+    processes.end_processes(ending, grace=0, reap=5.0, groups=False)
 
 
 def _check_reachable(address: str) -> None:
