@@ -15,9 +15,10 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   that every worker reads.
 
 `FreshProcess` is a `processes.ProcessHandle`, as every worker is, so every
-start method shares one supervisor. Start method "forkserver" (launch/template.py) forks the workers
-from one such interpreter, started once, instead of starting one per worker;
-they run the same code from `run_shipped` on.
+start method shares one supervisor. Start method "forkserver"
+(launch/template.py) forks the workers from one such interpreter, started
+once, instead of starting one per worker; they run the same code from
+`run_shipped` on.
 """
 
 from __future__ import annotations
@@ -25,14 +26,13 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
-import signal
 import subprocess
 from typing import Any, NoReturn
 
 import cloudpickle
 
 from notebook_accel.launch.packing import pack
-from notebook_accel.launch.processes import bootstrap, send_signal, start_interpreter
+from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
 # The names `start_method` takes; "auto" forks unless the kernel can no longer,
 # then uses "forkserver".
@@ -85,7 +85,7 @@ def in_memory_file(name: str, data: bytes) -> int:
     return fd
 
 
-class FreshProcess:
+class FreshProcess(PidfdProcess):
     """One worker in a new interpreter (a `processes.ProcessHandle`)."""
 
     def __init__(
@@ -118,7 +118,6 @@ class FreshProcess:
         )
         self._stdout, self._stderr = stdout_fd, stderr_fd
         self._popen: subprocess.Popen | None = None
-        self.sentinel = -1
 
     def start(self) -> None:
         """Start the interpreter; only the listed descriptors go with it."""
@@ -146,17 +145,6 @@ class FreshProcess:
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout)
-
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        """Send `signum` to it while it runs."""
-        if self.exitcode is None:
-            send_signal(self.sentinel, signum)
-
-    def close(self) -> None:
-        """Release the sentinel (after it has exited)."""
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
 
 
 # -- the new interpreter's side ---------------------------------------------------------

@@ -84,13 +84,6 @@ def kill_group(pgid: int, signum: int) -> None:
         os.killpg(pgid, signum)
 
 
-def send_signal(pidfd: int, signum: int) -> None:
-    """Signal the process behind `pidfd` (free of pid reuse); one gone is fine."""
-    if pidfd >= 0:
-        with contextlib.suppress(ProcessLookupError):
-            signal.pidfd_send_signal(pidfd, signum)
-
-
 def end_processes(
     processes: Iterable[ProcessHandle],
     grace: float = TERMINATE_GRACE_SECONDS,
@@ -137,8 +130,28 @@ class ForkContext(multiprocessing.context.ForkContext):
     Process = ForkedProcess
 
 
-class ChildProcess:
-    """A child this process forked itself (`os.fork()`), watched through a pidfd."""
+class PidfdProcess:
+    """A process watched through a pidfd, its `sentinel`, which also signals it free of
+    pid reuse. A subclass says what `exitcode` is."""
+
+    pid: int | None = None
+    sentinel = -1
+    exitcode: int | None
+
+    def kill(self, signum: int = signal.SIGKILL) -> None:
+        if self.sentinel >= 0 and self.exitcode is None:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(self.sentinel, signum)
+
+    def close(self) -> None:
+        """Release the pidfd (after it has exited); once."""
+        if self.sentinel >= 0:
+            os.close(self.sentinel)
+            self.sentinel = -1
+
+
+class ChildProcess(PidfdProcess):
+    """A child this process forked itself (`os.fork()`)."""
 
     def __init__(self, pid: int) -> None:
         self.pid = pid
@@ -156,16 +169,6 @@ class ChildProcess:
                 self.exitcode = os.waitstatus_to_exitcode(status)
             except ChildProcessError:  # reaped by someone else: its status is lost
                 self.exitcode = -signal.SIGKILL
-
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        if self.exitcode is None:
-            send_signal(self.sentinel, signum)
-
-    def close(self) -> None:
-        """Release the pidfd (after it has exited); once."""
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
 
 
 class OtherProcess:

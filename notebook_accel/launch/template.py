@@ -49,9 +49,9 @@ fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
 workers of later launches, without trying again, until `shutdown_template()`.
 
 `TemplateProcess` is a `processes.ProcessHandle`, as `fresh.FreshProcess` is,
-so the supervisor watches both alike. Reading
-the template's messages is shared between threads: several launches, from
-several threads, use one template.
+so the supervisor watches both alike. Reading the template's messages is
+shared between threads: several launches, from several threads, use one
+template.
 
 This module is the kernel's side. What runs inside the template is
 launch/template_server.py; both send and receive their messages with
@@ -82,7 +82,7 @@ from typing import Any
 
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
-from notebook_accel.launch.processes import bootstrap, send_signal, start_interpreter
+from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 from notebook_accel.launch.template_messages import (
     EXIT_SECONDS,
     MAX_FDS,
@@ -150,7 +150,7 @@ class TemplateStatus:
         return text
 
 
-class TemplateProcess:
+class TemplateProcess(PidfdProcess):
     """One worker forked from the template (a `processes.ProcessHandle`).
 
     Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
@@ -175,7 +175,6 @@ class TemplateProcess:
         self._pid: int | None = None
         self._worker = -1  # its number at the template: pids may be reused, numbers are not
         self._exitcode: int | None = None
-        self.sentinel = -1
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
@@ -221,19 +220,12 @@ class TemplateProcess:
         elif self._exitcode is None and self._template is not None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
 
-    def kill(self, signum: int = signal.SIGKILL) -> None:
-        """Send `signum` to it while it runs."""
-        if self.exitcode is None:
-            send_signal(self.sentinel, signum)
-
     def close(self) -> None:
         """Release the sentinel (after it has exited); once."""
         if self._fresh is not None:
             self._fresh.close()
-            return
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
+        elif self.sentinel >= 0:
+            super().close()
             _release(self._template, self._worker)
 
 
