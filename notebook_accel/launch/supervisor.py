@@ -56,6 +56,7 @@ from notebook_accel.launch.processes import (
     TERMINATE_GRACE_SECONDS,
     ForkContext,
     ForkedProcess,
+    OtherProcess,
     end_processes,
     kill_group,
 )
@@ -931,9 +932,7 @@ class WorkerGroup(WorkerGroupBase):
         # exited by itself (re-parented, but still in its process group).
         for worker in self.workers:
             kill_group(worker.process.pid, signal.SIGKILL)
-        for process in descendants:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        end_processes(map(OtherProcess, descendants), grace=0, reap=0, groups=False)
         try:
             self._collect_remains()
         finally:  # whatever reading the last output raised, nothing of the run stays
