@@ -4,6 +4,7 @@
     runs/          runs that outlive the kernel (detach=True): keeper, log, attach
     options.py     every launch option defined once; preflight.py: checks -> plan.py: LaunchPlan
     supervisor.py  the kernel's side of a group of workers; worker.py: the child's side
+    processes.py   one handle on every process started; its bootstrap and its end
     fresh.py       workers in fresh interpreters; packing.py: functions and arguments by value
     template.py    workers forked from a clean process started once (after CUDA init);
                    template_server.py: that process; template_messages.py: their socket

@@ -32,13 +32,13 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
-import select
 import signal
 import struct
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
+
+from notebook_accel.launch.processes import ChildProcess, end_processes, kill_group
 
 # How long the launcher waits for the janitor to exit once told to.
 JANITOR_EXIT_SECONDS = 5.0
@@ -163,12 +163,6 @@ def guarded() -> Iterator[None]:
         yield
 
 
-def kill_group(pgid: int, signum: int) -> None:
-    """Signal every process of group `pgid`; a group already gone is fine."""
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, signum)
-
-
 class Janitor:
     """A process that kills the workers' process groups when the launch ends or dies.
 
@@ -177,7 +171,7 @@ class Janitor:
     """
 
     def __init__(self) -> None:
-        self.pid: int | None = None
+        self.process: ChildProcess | None = None
         self._write: int | None = None
 
     def start(self) -> None:
@@ -192,8 +186,9 @@ class Janitor:
         if pid == 0:  # pragma: no cover - runs in the janitor, which exits
             _janitor_main(read)
         os.close(read)
-        self.pid, self._write = pid, write
+        self.process, self._write = ChildProcess(pid), write
         parent_only(write)
+        parent_only(self.process.sentinel)
 
     def watch(self, pgid: int) -> None:
         """Have the janitor kill group `pgid` in the end."""
@@ -206,43 +201,12 @@ class Janitor:
         if self._write is not None:
             write, self._write = self._write, None
             close_parent_only(write)
-        if self.pid is None:
-            return
-        pid, self.pid = self.pid, None
-        if _reaped_within(pid, JANITOR_EXIT_SECONDS):
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, 0)  # SIGKILL ends it at once
-
-
-def _reaped_within(pid: int, seconds: float) -> bool:
-    """Reap child `pid` if it exits within `seconds`; woken by its exit, not by polling.
-
-    A pidfd becomes readable when the process exits (Linux 5.3); elsewhere the
-    wait polls every 5 ms.
-    """
-    deadline = time.monotonic() + seconds
-    pidfd = None
-    with contextlib.suppress(AttributeError, OSError):
-        pidfd = os.pidfd_open(pid)
-    try:
-        while True:
-            with contextlib.suppress(ChildProcessError):
-                if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return False
-                    if pidfd is None:
-                        time.sleep(min(0.005, remaining))
-                    else:
-                        select.select([pidfd], [], [], remaining)
-                    continue
-            return True
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+        process, self.process = self.process, None
+        if process is not None:
+            process.join(JANITOR_EXIT_SECONDS)
+            end_processes([process], grace=0, groups=False)  # it did not exit: SIGKILL
+            forget_parent_only(process.sentinel)
+            process.close()
 
 
 def _janitor_main(read: int) -> None:  # pragma: no cover - runs in the forked janitor

@@ -14,32 +14,27 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   a forked worker. They are pickled once per launch into an in-memory file
   that every worker reads.
 
-`FreshProcess` has the part of `multiprocessing.Process` the supervisor uses
-(pid, sentinel, exitcode, join, close), so every start method shares one
-supervisor. Start method "forkserver" (launch/template.py) forks the workers
-from one such interpreter, started once, instead of starting one per worker;
-they run the same code from `run_shipped` on.
+`FreshProcess` is a `processes.ProcessHandle`, as every worker is, so every
+start method shares one supervisor. Start method "forkserver"
+(launch/template.py) forks the workers from one such interpreter, started
+once, instead of starting one per worker; they run the same code from
+`run_shipped` on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 import os
 import subprocess
-import sys
 from typing import Any, NoReturn
 
 import cloudpickle
 
 from notebook_accel.launch.packing import pack
+from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
-# Runs in the new interpreter: the kernel's import path first, then the worker.
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from notebook_accel.launch.fresh import child_main; child_main(sys.argv[2:])"
-)
+_BOOTSTRAP = bootstrap(__name__, "child_main")
 
 
 # -- the kernel's side ------------------------------------------------------------------
@@ -70,8 +65,8 @@ def in_memory_file(name: str, data: bytes) -> int:
     return fd
 
 
-class FreshProcess:
-    """One worker in a new interpreter, watched as a `multiprocessing.Process` is."""
+class FreshProcess(PidfdProcess):
+    """One worker in a new interpreter (a `processes.ProcessHandle`)."""
 
     def __init__(
         self,
@@ -95,7 +90,7 @@ class FreshProcess:
             os.getpid(),
             command_fd,
         )
-        self._argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), *map(str, fds)]
+        self._args = fds
         self._fds = tuple(
             fd
             for fd in (spec_fd, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
@@ -103,22 +98,16 @@ class FreshProcess:
         )
         self._stdout, self._stderr = stdout_fd, stderr_fd
         self._popen: subprocess.Popen | None = None
-        self.sentinel = -1
 
     def start(self) -> None:
         """Start the interpreter; only the listed descriptors go with it."""
-        # A group of its own from the start: the kernel's stop button (SIGINT to
-        # the kernel's group) leaves it to the launcher, as with forked workers.
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
-        self._popen = subprocess.Popen(
-            self._argv,
-            stdin=subprocess.DEVNULL,
+        self._popen = start_interpreter(
+            _BOOTSTRAP,
+            *self._args,
             # Errors before the worker's own redirection (a failed import) reach the cell too.
             stdout=self._stdout,
             stderr=self._stderr,
             pass_fds=self._fds,
-            close_fds=True,
-            **group,
         )
         self.sentinel = os.pidfd_open(self._popen.pid)
 
@@ -136,12 +125,6 @@ class FreshProcess:
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout)
-
-    def close(self) -> None:
-        """Release the sentinel (after it has exited)."""
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
 
 
 # -- the new interpreter's side ---------------------------------------------------------

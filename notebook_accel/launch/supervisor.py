@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import multiprocessing
-import multiprocessing.connection
 import os
 import select
 import selectors
@@ -48,12 +46,20 @@ from notebook_accel.launch.forking import (
     guarded,
     heap_frozen,
     interrupts_deferred,
-    kill_group,
     parent_only,
     parent_only_fds,
 )
 from notebook_accel.launch.fresh import FreshProcess, ship
 from notebook_accel.launch.output_pipes import PYTHON_PIPE, FramedLines, StreamLines
+from notebook_accel.launch.processes import (
+    KILL_REAP_SECONDS,
+    TERMINATE_GRACE_SECONDS,
+    ForkContext,
+    ForkedProcess,
+    OtherProcess,
+    end_processes,
+    kill_group,
+)
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
@@ -79,10 +85,6 @@ SETTLE_SECONDS = 0.25
 # loaded machine, or with a stream slow to flush, that can outlast the settle period: its
 # exit code belongs in the WorkerError, so the launcher waits for it this long at most.
 RAISED_EXIT_SECONDS = 10.0
-# SIGTERM, then this long, then SIGKILL.
-TERMINATE_GRACE_SECONDS = 0.8
-# After SIGKILL, how long to wait for the kernel to reap a worker.
-KILL_REAP_SECONDS = 10.0
 # How often the supervisor samples each worker's memory for live views, and
 # looks for an exit its sentinel did not show.
 RESOURCE_SAMPLE_SECONDS = 1.0
@@ -675,7 +677,7 @@ class WorkerGroup(WorkerGroupBase):
             if self.spec.start_method in ("spawn", "forkserver"):
                 self._start_fresh()
             else:
-                context = multiprocessing.get_context("fork")
+                context = ForkContext()
                 for local_rank in self.local_ranks:
                     self._start_one(functools.partial(self._forked, context), local_rank)
 
@@ -691,7 +693,7 @@ class WorkerGroup(WorkerGroupBase):
 
     def _forked(
         self,
-        context: Any,
+        context: ForkContext,
         local_rank: int,
         out_w: int,
         err_w: int,
@@ -699,7 +701,7 @@ class WorkerGroup(WorkerGroupBase):
         chan_w: int,
         command_r: int | None,
         name: str,
-    ) -> multiprocessing.process.BaseProcess:
+    ) -> ForkedProcess:
         # The child must hold no read end of any pipe (its own, those of the
         # workers started before it, those of another launch), nor a socket or
         # janitor pipe of this process.
@@ -908,8 +910,8 @@ class WorkerGroup(WorkerGroupBase):
     def signal(self, rank: int, signum: int) -> None:
         """Send `signum` to worker `rank` if it still runs."""
         for worker in self.workers:
-            if worker.rank == rank and worker.process.exitcode is None:
-                _signal(worker.process.pid, signum)
+            if worker.rank == rank:
+                worker.process.kill(signum)
 
     # -- stopping --------------------------------------------------------------
 
@@ -927,14 +929,12 @@ class WorkerGroup(WorkerGroupBase):
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
         descendants = _descendants([w.process.pid for w in alive])
-        _end_processes(alive)
+        end_processes([w.process for w in alive], TERMINATE_GRACE_SECONDS, KILL_REAP_SECONDS)
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
         for worker in self.workers:
             kill_group(worker.process.pid, signal.SIGKILL)
-        for process in descendants:
-            with contextlib.suppress(psutil.Error):
-                process.kill()
+        end_processes(map(OtherProcess, descendants), grace=0, reap=0, groups=False)
         try:
             self._collect_remains()
         finally:  # whatever reading the last output raised, nothing of the run stays
@@ -984,34 +984,6 @@ def _how_it_ended(worker: SupervisedWorker) -> str:
     if worker.exitcode == 0 and not failure.exception and not failure.lost:
         return "finished (exited with code 0)"
     return failure.how
-
-
-def _end_processes(workers: list[SupervisedWorker]) -> None:
-    """SIGTERM, a grace period, SIGKILL, and a bounded wait for the kernel to reap them."""
-    for worker in workers:  # the whole group: what the worker started may clean up too
-        kill_group(worker.process.pid, signal.SIGTERM)
-        _signal(worker.process.pid, signal.SIGTERM)  # in case it is not its group's leader yet
-    _wait_for_exit(workers, TERMINATE_GRACE_SECONDS)
-    for worker in workers:
-        if worker.process.exitcode is None:
-            _signal(worker.process.pid, signal.SIGKILL)
-    # SIGKILL always ends a process, but one freeing a GPU context can take a
-    # while; wait for it (bounded) so that no child is left unreaped.
-    _wait_for_exit(workers, KILL_REAP_SECONDS)
-
-
-def _signal(pid: int, signum: int) -> None:
-    try:
-        os.kill(pid, signum)
-    except ProcessLookupError:
-        pass
-
-
-def _wait_for_exit(workers: list[SupervisedWorker], seconds: float) -> None:
-    deadline = time.monotonic() + seconds
-    for worker in workers:
-        remaining = max(0.0, deadline - time.monotonic())
-        worker.process.join(timeout=remaining)
 
 
 def _descendants(pids: list[int]) -> list[psutil.Process]:

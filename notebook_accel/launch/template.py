@@ -48,10 +48,10 @@ after the previous one died), the launch does not fail: its workers start in
 fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
 workers of later launches, without trying again, until `shutdown_template()`.
 
-`TemplateProcess` has the interface of `fresh.FreshProcess` (pid, sentinel,
-exitcode, join, close, start), so the supervisor watches both alike. Reading
-the template's messages is shared between threads: several launches, from
-several threads, use one template.
+`TemplateProcess` is a `processes.ProcessHandle`, as `fresh.FreshProcess` is,
+so the supervisor watches both alike. Reading the template's messages is
+shared between threads: several launches, from several threads, use one
+template.
 
 This module is the kernel's side. What runs inside the template is
 launch/template_server.py; both send and receive their messages with
@@ -82,6 +82,7 @@ from typing import Any
 
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
+from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 from notebook_accel.launch.template_messages import (
     EXIT_SECONDS,
     MAX_FDS,
@@ -96,12 +97,7 @@ START_SECONDS = 120.0
 # How long a request waits for its answer: the template may be inside one import.
 ANSWER_SECONDS = 60.0
 
-# Runs in the new interpreter: the kernel's import path first, then the template.
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from notebook_accel.launch.template_server import template_main; "
-    "template_main(sys.argv[2:])"
-)
+_BOOTSTRAP = bootstrap("notebook_accel.launch.template_server", "template_main")
 # Modules per message, so that one message stays far below the socket's buffer.
 _MODULES_PER_MESSAGE = 200
 _STDERR_TAIL = 2000
@@ -154,8 +150,8 @@ class TemplateStatus:
         return text
 
 
-class TemplateProcess:
-    """One worker forked from the template, watched as a `multiprocessing.Process` is.
+class TemplateProcess(PidfdProcess):
+    """One worker forked from the template (a `processes.ProcessHandle`).
 
     Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
     TemplateWarning) when no template can be used.
@@ -179,7 +175,6 @@ class TemplateProcess:
         self._pid: int | None = None
         self._worker = -1  # its number at the template: pids may be reused, numbers are not
         self._exitcode: int | None = None
-        self.sentinel = -1
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
@@ -229,10 +224,8 @@ class TemplateProcess:
         """Release the sentinel (after it has exited); once."""
         if self._fresh is not None:
             self._fresh.close()
-            return
-        if self.sentinel >= 0:
-            os.close(self.sentinel)
-            self.sentinel = -1
+        elif self.sentinel >= 0:
+            super().close()
             _release(self._template, self._worker)
 
 
@@ -438,8 +431,10 @@ def _origin(name: str) -> str | None:
     return spec.origin
 
 
-def _start_from_lasting_thread(argv: list[str], **popen_args: Any) -> tuple[Any, threading.Event]:
-    """`subprocess.Popen(argv)` from a thread that lasts until the returned event is set.
+def _start_from_lasting_thread(
+    start: Callable[[], subprocess.Popen],
+) -> tuple[subprocess.Popen, threading.Event]:
+    """`start()` from a thread that lasts until the returned event is set.
 
     Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
     ends, not its process: started from a launch's own thread (the panel's), the
@@ -450,7 +445,7 @@ def _start_from_lasting_thread(argv: list[str], **popen_args: Any) -> tuple[Any,
 
     def run() -> None:
         try:
-            outcome.append(subprocess.Popen(argv, **popen_args))
+            outcome.append(start())
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             outcome.append(error)
         finally:
@@ -504,21 +499,17 @@ class _Template:
         parent_only(ours.fileno())  # a worker forked from this process must not hold it
         # Its errors land here: read back for the message if it cannot start.
         self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
-        argv = [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(theirs.fileno())]
-        argv.append(str(os.getpid()))  # the kernel, which it dies with
-        # Its own process group: the kernel's stop button (SIGINT to the kernel's
-        # group) is the launcher's to handle.
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {}
         started = time.perf_counter()
         try:
             self._popen, self._release = _start_from_lasting_thread(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=self._stderr,
-                pass_fds=(theirs.fileno(),),
-                close_fds=True,
-                **group,
+                lambda: start_interpreter(
+                    _BOOTSTRAP,
+                    theirs.fileno(),
+                    os.getpid(),  # the kernel, which it dies with
+                    stdout=subprocess.DEVNULL,
+                    stderr=self._stderr,
+                    pass_fds=(theirs.fileno(),),
+                )
             )
         except TemplateUnavailable:
             self.close()

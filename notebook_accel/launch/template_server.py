@@ -22,7 +22,6 @@ traceback on stderr, which the kernel reads back, if it failed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import importlib
 import json
 import os
@@ -37,6 +36,7 @@ import traceback
 from typing import Any, NoReturn
 
 from notebook_accel.launch.fresh import read_all, run_shipped
+from notebook_accel.launch.processes import ChildProcess, die_with_parent, end_processes
 from notebook_accel.launch.template_messages import (
     EXIT_SECONDS,
     MAX_FDS,
@@ -54,7 +54,6 @@ PRELOAD_BEFORE_FORK_SECONDS = 20.0
 # them; a failure only means workers import them themselves.
 
 _MAX_REASON = 200
-_PR_SET_PDEATHSIG = 1
 
 
 class _KernelGone(Exception):
@@ -70,7 +69,7 @@ def template_main(argv: list[str]) -> NoReturn:
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is the launcher's
-        _die_with(kernel_pid)
+        die_with_parent(kernel_pid)  # before the imports, which take seconds
         _Server(socket.socket(fileno=sock_fd)).run()
     except BaseException:  # noqa: BLE001 - written where the kernel reads it
         traceback.print_exc()
@@ -80,23 +79,14 @@ def template_main(argv: list[str]) -> NoReturn:
         os._exit(code)
 
 
-def _die_with(parent_pid: int) -> None:
-    """Have Linux kill this process when the kernel dies (before the imports, which
-    take seconds); exit if it already has."""
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 class _Server:
     """The template's loop: forks workers, reaps them, warms in between."""
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.pid = os.getpid()
-        self.children: dict[int, tuple[int, int]] = {}  # pidfd -> (pid, worker number)
+        # sentinel -> (the worker, its number at the kernel)
+        self.children: dict[int, tuple[ChildProcess, int]] = {}
         self.queue: list[str] = []  # modules to import, in order
         self.failed: dict[str, str] = {}
         self.stopped: str | None = None  # why it warms and forks no more
@@ -197,12 +187,12 @@ class _Server:
         # Before the kernel hears of it: the janitor and the supervisor end its group.
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
-        # Opened before this loop could reap it, so the pidfd is surely this child's.
-        pidfd = os.pidfd_open(pid)
+        child = ChildProcess(pid)
         for fd in fds:
             os.close(fd)
-        self.children[pidfd] = (pid, message["id"])
-        self._send({"kind": "forked", "id": message["id"], "pid": pid}, [pidfd])
+        self.children[child.sentinel] = (child, message["id"])
+        # Its pidfd is the kernel's sentinel too.
+        self._send({"kind": "forked", "id": message["id"], "pid": pid}, [child.sentinel])
 
     def _child(self, local_rank: int, fds: list[int]) -> NoReturn:
         """The forked worker: take the kernel's context, then run as a fresh worker does."""
@@ -213,8 +203,8 @@ class _Server:
             os.dup2(stdout_fd, 1)
             os.dup2(stderr_fd, 2)
             self.sock.close()
-            for pidfd in self.children:
-                os.close(pidfd)
+            for sentinel in self.children:
+                os.close(sentinel)
             _take_kernel_context(context_fd)
             command_fd = rest[0] if rest else None
             run_shipped(
@@ -232,29 +222,15 @@ class _Server:
         finally:
             os._exit(1)
 
-    def _reap(self, pidfd: int) -> None:
-        pid, worker = self.children.pop(pidfd)
-        os.close(pidfd)
-        _, status = os.waitpid(pid, 0)  # it has exited: returns at once
-        code = os.waitstatus_to_exitcode(status)
-        self._send({"kind": "exit", "worker": worker, "code": code})
+    def _reap(self, sentinel: int) -> None:
+        child, worker = self.children.pop(sentinel)
+        child.join()  # it has exited: returns at once
+        child.close()
+        self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
 
     def _end_children(self) -> None:
-        """The kernel is gone or shut the template down: its workers go too."""
-        pids = [pid for pid, _ in self.children.values()]
-        for pid in pids:
-            with contextlib.suppress(OSError):
-                os.killpg(pid, signal.SIGKILL)
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + EXIT_SECONDS
-        for pid in pids:
-            while time.monotonic() < deadline:
-                with contextlib.suppress(ChildProcessError):
-                    if os.waitpid(pid, os.WNOHANG)[0] == 0:
-                        time.sleep(0.01)
-                        continue
-                break
+        """The kernel is gone or shut the template down: its workers go too, at once."""
+        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
 
     # -- warming ------------------------------------------------------------------
 

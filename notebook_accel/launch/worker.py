@@ -8,7 +8,6 @@ and exits. The launching process's side is launch/supervisor.py.
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import faulthandler
 import functools
@@ -30,6 +29,7 @@ from notebook_accel.config.settings import ENV_BACKEND
 from notebook_accel.launch import debugging
 from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.launch.output_pipes import python_streams
+from notebook_accel.launch.processes import die_with_parent
 from notebook_accel.launch.stacks import StackRequests
 from notebook_accel.launch.warm import imported_since
 from notebook_accel.platforms.registry import platform_named
@@ -49,7 +49,6 @@ from notebook_accel.reporting.events import (
 from notebook_accel.training import ddp_teardown
 from notebook_accel.training.nested import to_cpu
 
-_PR_SET_PDEATHSIG = 1
 # Progress updates a worker sends at most per second (the last step always goes).
 PROGRESS_UPDATES_PER_SECOND = 10
 
@@ -139,7 +138,7 @@ def worker_main(
     # Lead a process group of its own: whatever this worker starts stays in it,
     # and the launcher (or its janitor) ends the group with the launch.
     os.setpgid(0, 0)
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)  # a kernel restart ends it
     for fd in inherited_fds:
         os.close(fd)
     _redirect_output(stdout_fd, stderr_fd, python_fd)
@@ -418,26 +417,6 @@ def _barrier_before_exit() -> None:
 
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    """Have Linux kill this worker if the launching process dies (kernel restart)."""
-    if _LIBC is None:
-        return
-    _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != parent_pid:  # the parent died before prctl took effect
-        os._exit(1)
-
-
-def _load_libc() -> ctypes.CDLL | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc if hasattr(libc, "prctl") else None
-    except OSError:  # not Linux
-        return None
-
-
-_LIBC = _load_libc()
 
 
 def _redirect_output(stdout_fd: int, stderr_fd: int, python_fd: int) -> None:

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from notebook_accel import last_run, notebook_launcher
-from notebook_accel.launch import supervisor
+from notebook_accel.launch import processes, supervisor
 from tests_support import PROMPTLY, WhenPrinted, live_children, press_stop
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
@@ -61,8 +61,8 @@ def test_a_second_stop_press_while_the_first_is_handled_does_not_leave_workers(m
     # answered it and begins to end the workers.
     presses: list[str] = []
     first = WhenPrinted("asleep", lambda: (presses.append("first"), press_stop()))
-    ending = pressing_second(supervisor._end_processes, presses)
-    monkeypatch.setattr(supervisor, "_end_processes", ending)
+    ending = pressing_second(supervisor.end_processes, presses)
+    monkeypatch.setattr(supervisor, "end_processes", ending)
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(sleeps, args=(600,), num_processes=2, backend="cpu", observers=[first])
     assert presses == ["first", "second"]
@@ -81,8 +81,8 @@ def test_a_second_stop_press_during_teardown_still_leaves_no_worker(monkeypatch)
     handler = signal.getsignal(signal.SIGINT)
     presses: list[str] = []
     first = WhenPrinted("asleep", lambda: (presses.append("first"), press_stop()))
-    waiting = pressing_second(supervisor._wait_for_exit, presses)
-    monkeypatch.setattr(supervisor, "_wait_for_exit", waiting)
+    waiting = pressing_second(processes.wait_for_exit, presses)
+    monkeypatch.setattr(processes, "wait_for_exit", waiting)
     with pytest.raises(KeyboardInterrupt):
         notebook_launcher(
             ignores_sigterm_then_sleeps, num_processes=2, backend="cpu", observers=[first]

@@ -77,7 +77,7 @@ STEPS = [
     (supervisor.WorkerGroup, "poll_until"),
     (supervisor.WorkerGroup, "_on_exit"),
     (supervisor.WorkerGroup, "stop"),
-    (supervisor, "_end_processes"),
+    (supervisor, "end_processes"),
     (forking.Janitor, "close"),
     (rendezvous.Rendezvous, "__exit__"),
 ]

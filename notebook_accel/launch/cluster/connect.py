@@ -15,6 +15,7 @@ import socket
 import sys
 from typing import Any
 
+from notebook_accel.launch import processes
 from notebook_accel.launch.cluster.request import NodeResources
 
 INSTALL = 'pip install "notebook_accel[ray]"'
@@ -209,23 +210,8 @@ def descendant_pids() -> set[int]:
 
 def end_processes(pids: set[int], seconds: float = 5.0) -> None:
     """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
-    import psutil
-
-    processes = []
-    for pid in pids:
-        try:
-            processes.append(psutil.Process(pid))
-        except psutil.Error:
-            pass
-    for signal_them in (psutil.Process.terminate, psutil.Process.kill):
-        for process in processes:
-            try:
-                signal_them(process)
-            except psutil.Error:
-                pass
-        _, processes = psutil.wait_procs(processes, timeout=seconds)
-        if not processes:
-            return
+    others = processes.OtherProcess.of(pids)
+    processes.end_processes(others, grace=seconds, reap=seconds, groups=False)
 
 
 def _end_failed_start(ray: Any, running_before: set[int]) -> None:
@@ -256,10 +242,8 @@ def end_new_descendants(running_before: set[int]) -> None:
                 process.suspend()
                 stopped.append(process)
     # Stopped processes act on SIGKILL alone; what a failed start leaves has nothing to save.
-    for process in stopped:
-        with contextlib.suppress(psutil.Error):
-            process.kill()
-    psutil.wait_procs(stopped, timeout=5.0)
+    ending = [processes.OtherProcess(process) for process in stopped]
+    processes.end_processes(ending, grace=0, reap=5.0, groups=False)
 
 
 def _check_reachable(address: str) -> None:

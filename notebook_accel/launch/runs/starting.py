@@ -12,17 +12,15 @@ of the kernel's process group). keeper.py is what it runs.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import pickle
-import subprocess
-import sys
 from typing import Any
 
 import cloudpickle
 import psutil
 
 from notebook_accel.launch.packing import pack, unpack
+from notebook_accel.launch.processes import start_detached
 from notebook_accel.launch.runs.directory import (
     KEEPER_LOG,
     PLAN_FILE,
@@ -33,23 +31,8 @@ from notebook_accel.launch.runs.directory import (
 
 # How long the kernel waits for the keeper's first process to hand over (it only forks).
 HANDOVER_SECONDS = 60.0
-
-# Runs in the new interpreter: fork the keeper, say its PID, and let this process end.
-_BOOTSTRAP = """\
-import json, os, signal, sys
-sys.path[:] = json.loads(sys.argv[1])
-# A stop that comes while the keeper imports (seconds) is kept for when it can act on it.
-stops = []
-signal.signal(signal.SIGINT, lambda signum, frame: stops.append(signum))
-signal.signal(signal.SIGTERM, lambda signum, frame: stops.append(signum))
-pid = os.fork()
-if pid:
-    print(pid, flush=True)
-    os._exit(0)
-os.dup2(2, 1)  # the keeper's output goes to its log; the kernel's pipe closes
-from notebook_accel.launch.runs.keeper import keeper_main
-keeper_main(sys.argv[2], stops)
-"""
+# What the keeper runs (launch/runs/keeper.py).
+_KEEPER = "notebook_accel.launch.runs.keeper:keeper_main"
 
 
 def plan_bytes(plan: Any) -> bytes:
@@ -86,33 +69,15 @@ def start_keeper(directory: RunDirectory) -> None:
     could not start.
     """
     flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-    log = os.fdopen(open_private(directory.path / KEEPER_LOG, flags), "ab")
-    try:
-        first = subprocess.Popen(
-            [sys.executable, "-c", _BOOTSTRAP, json.dumps(sys.path), str(directory.path)],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=log,
-            start_new_session=True,
-            close_fds=True,
-            cwd=os.getcwd(),
-        )
-    finally:
-        log.close()
-    try:
-        said, _ = first.communicate(timeout=HANDOVER_SECONDS)
-    except subprocess.TimeoutExpired:
-        first.kill()
-        first.wait()
-        said = b""
-    pid = said.strip()
-    if first.returncode != 0 or not pid.isdigit():
+    with os.fdopen(open_private(directory.path / KEEPER_LOG, flags), "ab") as log:
+        pid = start_detached(_KEEPER, [str(directory.path)], log, HANDOVER_SECONDS)
+    if pid is None:
         directory.update(state="lost", error="the keeper did not start")
         raise RuntimeError(
             "the detached run's keeper process did not start:\n" + directory.keeper_log_tail()
         )
     try:
-        started = psutil.Process(int(pid)).create_time()
+        started = psutil.Process(pid).create_time()
     except psutil.Error:  # it ended already: its log says why
         started = None
-    directory.update(keeper_pid=int(pid), keeper_started=started)
+    directory.update(keeper_pid=pid, keeper_started=started)
