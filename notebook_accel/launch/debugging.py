@@ -2,11 +2,11 @@
 
 A worker's `sys.stdin` reads from the notebook: `input()`, `breakpoint()` and
 `pdb.set_trace()` in the training function write their prompt to stdout, send
-`InputRequested` down the channel and wait for the `Answer`, which comes back
-on the same link (launch/channel.py). The launching process (launch/supervisor.py) takes the
-unfinished last line of that worker's stdout as the prompt, asks for a line
-where the user runs the launch (`input()`: Jupyter's stdin request in a
-kernel, the terminal in a script), prefixed with the rank, and writes it back.
+`InputRequested` up the channel and wait for the `Answer`, which comes down
+the same link (launch/channel.py). The launching process (launch/supervisor.py)
+takes the unfinished last line of that worker's stdout as the prompt, asks for
+a line where the user runs the launch (`input()`: Jupyter's stdin request in a
+kernel, the terminal in a script), prefixed with the rank, and sends it back.
 While one rank waits at its prompt the others run on until they need it (a
 collective, their own prompt). On a Ray cluster the node's agent relays both
 ways. Where nobody can answer (a launch from a thread, a frontend without
