@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,10 +18,9 @@ def open_group(
     emit: Emit,
     stop: StopSignal | None,
     attempt: int,
-    commands: bool = False,
     interrupt: StopSignal | None = None,
 ) -> Iterator[WorkerGroupBase]:
-    """Start the workers of attempt `attempt` (live ones with `commands`); stop them,
+    """Start the workers of attempt `attempt`; stop them,
     and release what they held, when the block ends.
 
     `stop` ends the group's waits for as long as it runs; `interrupt`, when set
@@ -36,7 +34,7 @@ def open_group(
     if plan.cluster is not None:
         from notebook_accel.launch.cluster.group import open_cluster_group
 
-        spec = dataclasses.replace(plan.worker_spec(0, attempt), commands=commands)
+        spec = plan.worker_spec(0, attempt)
         timeout = plan.rendezvous_timeout
         opening = open_cluster_group(plan.cluster, spec, timeout, emit, stop, interrupt or stop)
         with opening as group:
@@ -46,7 +44,7 @@ def open_group(
         return
     with Rendezvous.for_plan(plan, forks=True) as rendezvous:
         spec = plan.worker_spec(rendezvous.port, attempt)
-        group = WorkerGroup(dataclasses.replace(spec, commands=commands), emit, stop)
+        group = WorkerGroup(spec, emit, stop)
         group.hang_after = plan.explain_hang_after
         group.prompter = ask_in_cell  # a worker's input() and breakpoint() ask in the cell
         group.on_clean_exit = functools.partial(rendezvous.mark_left, attempt=attempt)

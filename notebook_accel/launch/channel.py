@@ -1,21 +1,29 @@
-"""Events from a worker to the launching process, over a socket pair.
+"""A worker's link to the launching process: one socket pair, one framing both ways.
 
-Each frame is a pickled list of events (see reporting/events.py) behind an 8-byte
-length: one event, or a batch of them in the order they were sent. The other
-way, the launching process answers a worker's prompt (launch/debugging.py). A
-write returns only once the kernel holds the bytes, so a worker may exit
-right after sending; a multiprocessing Queue's feeder thread would lose the
-message, and tensors sent through it would travel as shared-memory handles
-that die with the worker. Payloads are plain bytes here.
+Each frame is a pickled object behind an 8-byte length. Up, from the worker:
+a list of events (see reporting/events.py), one event or a batch of them in
+the order they were sent. Down, from the launching process: the answer to a
+worker's prompt (launch/debugging.py) or a live worker's next call
+(live/serve.py). A write returns only once the kernel holds the bytes, so a
+worker may exit right after sending; a multiprocessing Queue's feeder thread
+would lose the message, and tensors sent through it would travel as
+shared-memory handles that die with the worker. Payloads are plain bytes here.
+
+`WorkerPipes` names the descriptors a worker gets, from the supervisor through
+every way of starting it (a fork, a fresh interpreter, the template, a
+cluster's agent) to `worker_main`.
 """
 
 from __future__ import annotations
 
 import os
 import pickle
+import socket
 import struct
 import threading
 import time
+from dataclasses import astuple, dataclass, fields
+from typing import Any
 
 from notebook_accel.reporting.events import ChannelEvent, RunEvent, Unreadable
 
@@ -23,6 +31,41 @@ _HEADER = struct.Struct("<Q")
 
 # Batched events wait at most this long before they are written.
 BATCH_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class WorkerPipes:
+    """One end of each of a worker's pipes: "stdout" and "stderr" (its descriptors 1 and
+    2), "python" (what Python writes to either, in order: launch/output_pipes.py) and
+    "channel" (the link, a socket)."""
+
+    stdout: int
+    stderr: int
+    python: int
+    channel: int
+
+    @staticmethod
+    def open() -> tuple[WorkerPipes, WorkerPipes]:
+        """New pipes: (the launching process's read ends and link, the worker's ends)."""
+        ours, theirs = zip(os.pipe(), os.pipe(), os.pipe(), socket.socketpair(), strict=True)
+        return WorkerPipes(*map(_fd, ours)), WorkerPipes(*map(_fd, theirs))
+
+    def fds(self) -> list[int]:
+        """The descriptors, in the order of the fields."""
+        return list(astuple(self))
+
+    def named(self) -> list[tuple[str, int]]:
+        """(stream, descriptor) pairs."""
+        return [(field.name, getattr(self, field.name)) for field in fields(self)]
+
+    def close(self) -> None:
+        """Close every descriptor."""
+        for fd in self.fds():
+            os.close(fd)
+
+
+def _fd(end: int | socket.socket) -> int:
+    return end.detach() if isinstance(end, socket.socket) else end
 
 
 class ChannelWriter:
@@ -40,10 +83,14 @@ class ChannelWriter:
         self._pending: list[ChannelEvent] = []
         self._flusher: threading.Thread | None = None
 
-    @property
-    def fd(self) -> int:
-        """The descriptor events go down (a socket: answers to prompts come back on it)."""
-        return self._fd
+    def receive(self) -> Any:
+        """The next object the launching process sent down (blocking), or None once it
+        ended its side; OSError if the link broke."""
+        header = _read_exactly(self._fd, _HEADER.size)
+        if header is None:
+            return None
+        body = _read_exactly(self._fd, _HEADER.unpack(header)[0])
+        return None if body is None else pickle.loads(body)
 
     def send(self, event: ChannelEvent, batch: bool = False) -> None:
         """Write `event` now, or with the next batch; raises if it cannot be pickled."""
@@ -58,9 +105,9 @@ class ChannelWriter:
                 return
             # Pickled before the batch goes, so that an event that cannot be
             # pickled leaves the pending batch and the pipe as they were.
-            frame = _frame([event])
+            data = frame([event])
             self._write_pending()
-            self._write(frame)
+            self._write(data)
 
     def flush(self) -> None:
         """Write the pending batch now."""
@@ -75,18 +122,29 @@ class ChannelWriter:
     def _write_pending(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            self._write(_frame(pending))
+            self._write(frame(pending))
 
-    def _write(self, frame: bytes) -> None:
-        data = memoryview(frame)
-        while data:
-            written = os.write(self._fd, data)
-            data = data[written:]
+    def _write(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(self._fd, view) :]
 
 
-def _frame(events: list[ChannelEvent]) -> bytes:
-    body = pickle.dumps(events, protocol=pickle.HIGHEST_PROTOCOL)
+def frame(obj: Any) -> bytes:
+    """`obj` as one frame of the link (either way)."""
+    body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    """`size` bytes from `fd` (blocking), or None at its end."""
+    data = bytearray()
+    while len(data) < size:
+        chunk = os.read(fd, min(size - len(data), 1 << 20))
+        if not chunk:
+            return None
+        data += chunk
+    return bytes(data)
 
 
 class ChannelReader:

@@ -2,11 +2,11 @@
 
 A worker's `sys.stdin` reads from the notebook: `input()`, `breakpoint()` and
 `pdb.set_trace()` in the training function write their prompt to stdout, send
-`InputRequested` down the channel and wait for the answer, which comes back on
-the same socket. The launching process (launch/supervisor.py) takes the
-unfinished last line of that worker's stdout as the prompt, asks for a line
-where the user runs the launch (`input()`: Jupyter's stdin request in a
-kernel, the terminal in a script), prefixed with the rank, and writes it back.
+`InputRequested` up the channel and wait for the `Answer`, which comes down
+the same link (launch/channel.py). The launching process (launch/supervisor.py)
+takes the unfinished last line of that worker's stdout as the prompt, asks for
+a line where the user runs the launch (`input()`: Jupyter's stdin request in a
+kernel, the terminal in a script), prefixed with the rank, and sends it back.
 While one rank waits at its prompt the others run on until they need it (a
 collective, their own prompt). On a Ray cluster the node's agent relays both
 ways. Where nobody can answer (a launch from a thread, a frontend without
@@ -33,11 +33,12 @@ import os
 import re
 import select
 import signal
-import struct
 import sys
 import threading
 import time
 import types
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Protocol
 
@@ -49,9 +50,6 @@ if TYPE_CHECKING:
 # The frames that call the user's function in a worker (a launch's, a live one's), and
 # above them the launching process's own, which a forked worker's stack still holds.
 _SCAFFOLDING = re.compile(r"/notebook_accel/(launch|live|platforms)/")
-
-# An answer: b"L" and a line, or b"E" and why there is none; then the text's length.
-_ANSWER = struct.Struct("<cQ")
 
 POST_MORTEM_HELP = (
     "up/down move through its frames, p/pp print, any expression is evaluated; c or q leaves it"
@@ -82,13 +80,13 @@ class Prompter(Protocol):
 # -- the launching process's side --------------------------------------------------------
 
 
-def answer_frame(line: str | None, reason: str = "") -> bytes:
-    """The bytes that answer a worker's prompt: `line`, or None and why there is none."""
-    if line is None:
-        body = reason.encode()
-        return _ANSWER.pack(b"E", len(body)) + body
-    body = line.encode() if line.endswith("\n") else (line + "\n").encode()
-    return _ANSWER.pack(b"L", len(body)) + body
+@dataclass(frozen=True)
+class Answer:
+    """What the launching process sends down to a worker's prompt: the line, or None and
+    why there is none."""
+
+    line: str | None
+    reason: str = ""
 
 
 class AskInCell:
@@ -202,9 +200,11 @@ def _readable(fd: int, seconds: float | None) -> bool:
 class CellInput(io.TextIOBase):
     """A worker's `sys.stdin`: each line read is asked of the notebook."""
 
-    def __init__(self, channel: ChannelWriter, rank: int) -> None:
+    def __init__(
+        self, channel: ChannelWriter, rank: int, answers: Callable[[], Answer | None]
+    ) -> None:
         super().__init__()
-        self._channel, self._rank = channel, rank
+        self._channel, self._rank, self._answers = channel, rank, answers
         self._lock = threading.Lock()
 
     def readable(self) -> bool:
@@ -222,11 +222,14 @@ class CellInput(io.TextIOBase):
         with self._lock:
             try:
                 self._channel.send(InputRequested(self._rank))
-                line, reason = _read_answer(self._channel.fd)
+                answer = self._answers()
             except OSError as error:
-                line, reason = None, f"the launching process is gone ({error})"
+                answer = Answer(None, f"the launching process is gone ({error})")
+        if answer is None:
+            answer = Answer(None, "the launching process is gone (the channel closed)")
+        line, reason = answer.line, answer.reason
         if line is not None:
-            return line
+            return line if line.endswith("\n") else line + "\n"
         if _in_debugger(sys._getframe(1)):
             print(f"[debugger not opened: {reason}; continuing]", file=sys.stderr, flush=True)
             return "continue\n"
@@ -234,9 +237,13 @@ class CellInput(io.TextIOBase):
         return ""
 
 
-def install(channel: ChannelWriter, rank: int) -> None:
-    """In a worker: stdin and `breakpoint()` answered in the notebook."""
-    sys.stdin = CellInput(channel, rank)
+def install(
+    channel: ChannelWriter, rank: int, answers: Callable[[], Answer | None] | None = None
+) -> None:
+    """In a worker: stdin and `breakpoint()` answered in the notebook. `answers` waits
+    for the next Answer (by default read from the channel: a live worker's one reader
+    of its link hands them over instead, live/serve.py)."""
+    sys.stdin = CellInput(channel, rank, answers or channel.receive)
     sys.breakpointhook = breakpoint_hook
     # A kernel replaces input() with its own, which talks to the frontend over the
     # kernel's sockets (a forked worker must not), and IPython replaces pdb.Pdb with
@@ -315,22 +322,6 @@ def worker_pdb() -> object:
 
 def _is_scaffolding(frame: FrameType) -> bool:
     return bool(_SCAFFOLDING.search(frame.f_code.co_filename))
-
-
-def _read_answer(fd: int) -> tuple[str | None, str]:
-    kind, length = _ANSWER.unpack(_read_exactly(fd, _ANSWER.size))
-    text = _read_exactly(fd, length).decode(errors="replace")
-    return (text, "") if kind == b"L" else (None, text)
-
-
-def _read_exactly(fd: int, size: int) -> bytes:
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(fd, size - len(data))
-        if not chunk:
-            raise OSError("the channel closed")
-        data += chunk
-    return bytes(data)
 
 
 def _in_debugger(frame: FrameType | None) -> bool:

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
+from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.packing import pack
 from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
@@ -68,35 +69,11 @@ def in_memory_file(name: str, data: bytes) -> int:
 class FreshProcess(PidfdProcess):
     """One worker in a new interpreter (a `processes.ProcessHandle`)."""
 
-    def __init__(
-        self,
-        spec_fd: int,
-        local_rank: int,
-        stdout_fd: int,
-        stderr_fd: int,
-        python_fd: int,
-        channel_fd: int,
-        command_fd: int | None,
-        name: str,
-    ) -> None:
+    def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
         self.name = name
-        fds = (
-            spec_fd,
-            local_rank,
-            stdout_fd,
-            stderr_fd,
-            python_fd,
-            channel_fd,
-            os.getpid(),
-            command_fd,
-        )
-        self._args = fds
-        self._fds = tuple(
-            fd
-            for fd in (spec_fd, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
-            if fd is not None
-        )
-        self._stdout, self._stderr = stdout_fd, stderr_fd
+        self._args = (spec_fd, local_rank, os.getpid(), *pipes.fds())
+        self._fds = (spec_fd, *pipes.fds())
+        self._stdout, self._stderr = pipes.stdout, pipes.stderr
         self._popen: subprocess.Popen | None = None
 
     def start(self) -> None:
@@ -132,25 +109,11 @@ class FreshProcess(PidfdProcess):
 
 def child_main(argv: list[str]) -> None:
     """Read the spec the kernel shipped, then run as any worker does (never returns)."""
-    spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, parent_pid = map(
-        int, argv[:7]
-    )
-    command_fd = None if argv[7] == "None" else int(argv[7])
-    run_shipped(
-        spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, parent_pid, command_fd
-    )
+    spec_fd, local_rank, parent_pid, *pipes = map(int, argv)
+    run_shipped(spec_fd, local_rank, WorkerPipes(*pipes), parent_pid)
 
 
-def run_shipped(
-    spec_fd: int,
-    local_rank: int,
-    stdout_fd: int,
-    stderr_fd: int,
-    python_fd: int,
-    channel_fd: int,
-    parent_pid: int,
-    command_fd: int | None,
-) -> NoReturn:
+def run_shipped(spec_fd: int, local_rank: int, pipes: WorkerPipes, parent_pid: int) -> NoReturn:
     """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker.
 
     Shared by workers in fresh interpreters and workers forked from the
@@ -162,9 +125,7 @@ def run_shipped(
     from notebook_accel.launch.worker import worker_main
 
     spec = cloudpickle.loads(blob)
-    worker_main(
-        spec, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, [], parent_pid, command_fd
-    )
+    worker_main(spec, local_rank, pipes, [], parent_pid)
 
 
 def read_all(fd: int) -> bytes:

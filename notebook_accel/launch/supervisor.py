@@ -36,8 +36,8 @@ from typing import Any
 
 import psutil
 
-from notebook_accel.launch.channel import ChannelReader
-from notebook_accel.launch.debugging import InputUnavailable, Prompter, answer_frame
+from notebook_accel.launch.channel import ChannelReader, WorkerPipes, frame
+from notebook_accel.launch.debugging import Answer, InputUnavailable, Prompter
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -230,7 +230,6 @@ class SupervisedWorker:
     # A multiprocessing process, a FreshProcess or a TemplateProcess here; what
     # stands for one elsewhere (a cluster's group keeps its own handle).
     process: Any
-    command_fd: int | None = None  # the write end of a live worker's call pipe
     error: WorkerRaised | None = None
     exitcode: int | None = None
     noticed_at: float = 0.0
@@ -258,9 +257,8 @@ class SupervisedWorker:
 
 @dataclass
 class WorkerPipe:
-    """The read end of one of a worker's pipes: "stdout" and "stderr" (its descriptors
-    1 and 2), "python" (what Python writes to either, in order: launch/output_pipes.py)
-    or "channel" (its events, read by `reader`)."""
+    """This process's end of one of a worker's pipes (a field of WorkerPipes): its
+    events, on the "channel", are read by `reader`."""
 
     worker: SupervisedWorker
     stream: str
@@ -332,13 +330,15 @@ class WorkerGroupBase:
         """Send `signum` to worker `rank` if it still runs."""
         raise NotImplementedError
 
-    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
-        """Write `frame` to live worker `rank`'s call pipe; TimeoutError if it does not
-        take it before `deadline`, OSError if it cannot take calls any more."""
+    def send(self, rank: int, data: bytes, deadline: float) -> None:
+        """Write the frame `data` (launch/channel.py) down worker `rank`'s link: a live
+        call, or the answer to its prompt. TimeoutError if it does not take it before
+        `deadline`, OSError if its link is gone."""
         raise NotImplementedError
 
-    def close_commands(self) -> None:
-        """Close every call pipe: live workers then finish and exit."""
+    def end_calls(self) -> None:
+        """End the launching process's side of every link: live workers then finish and
+        exit (what they send still comes up)."""
         raise NotImplementedError
 
     def connection_addresses(self) -> list[tuple[str, int]]:
@@ -562,7 +562,8 @@ class WorkerGroupBase:
         if line is None and prompt and not shown:  # not asked: the text stays in the output
             self.emit(OutputLine(worker.rank, "stdout", prompt + "\n"))
         try:
-            self._send_answer(worker, answer_frame(line, reason))
+            deadline = time.monotonic() + ANSWER_WRITE_SECONDS
+            self.send(worker.rank, frame(Answer(line, reason)), deadline)
         except (OSError, TimeoutError, NotImplementedError):
             pass  # it is gone, or cannot be answered from here: its read fails
         if pressed:
@@ -573,10 +574,6 @@ class WorkerGroupBase:
     def _take_prompt(self, worker: SupervisedWorker) -> str:
         """What `worker` wrote before its prompt (shown first), and the prompt itself."""
         return ""
-
-    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
-        """Write `frame` down `worker`'s channel, to the prompt that waits for it."""
-        raise NotImplementedError
 
     def _stop_others_for(self, worker: SupervisedWorker) -> None:
         """`worker` opens its post-mortem debugger: end the other workers now, as a
@@ -695,11 +692,7 @@ class WorkerGroup(WorkerGroupBase):
         self,
         context: ForkContext,
         local_rank: int,
-        out_w: int,
-        err_w: int,
-        python_w: int,
-        chan_w: int,
-        command_r: int | None,
+        pipes: WorkerPipes,
         name: str,
     ) -> ForkedProcess:
         # The child must hold no read end of any pipe (its own, those of the
@@ -708,64 +701,33 @@ class WorkerGroup(WorkerGroupBase):
         inherited = parent_only_fds()
         return context.Process(
             target=worker_main,
-            args=(
-                self.spec,
-                local_rank,
-                out_w,
-                err_w,
-                python_w,
-                chan_w,
-                inherited,
-                os.getpid(),
-                command_r,
-            ),
+            args=(self.spec, local_rank, pipes, inherited, os.getpid()),
             name=name,
             daemon=False,
         )
 
     def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
-        out_r, out_w = os.pipe()
-        err_r, err_w = os.pipe()
-        # What Python writes to sys.stdout and sys.stderr, in order (launch/output_pipes.py).
-        python_r, python_w = os.pipe()
-        # A socket pair: events come up, answers to the worker's prompts go down.
-        chan_r, chan_w = (end.detach() for end in socket.socketpair())
-        # Live workers read their calls from a pipe whose write end stays here.
-        command_r, command_w = os.pipe() if self.spec.commands else (None, None)
-        ours = [fd for fd in (out_r, err_r, python_r, chan_r, command_w) if fd is not None]
-        theirs = [fd for fd in (out_w, err_w, python_w, chan_w, command_r) if fd is not None]
-        for fd in ours:
+        ours, theirs = WorkerPipes.open()
+        for fd in ours.fds():
             parent_only(fd)
-        if command_w is not None:  # calls are written with a deadline (live/protocol.py)
-            os.set_blocking(command_w, False)
-        process = make(
-            local_rank,
-            out_w,
-            err_w,
-            python_w,
-            chan_w,
-            command_r,
-            name=f"notebook_accel-worker-{local_rank}",
-        )
+        process = make(local_rank, theirs, name=f"notebook_accel-worker-{local_rank}")
         try:
             process.start()
         except BaseException:
-            for fd in ours:
+            for fd in ours.fds():
                 close_parent_only(fd)
             raise
         finally:
-            for fd in theirs:
-                os.close(fd)
+            theirs.close()
         # The worker makes itself a group leader too; both, so that neither order wins a race.
         with contextlib.suppress(OSError):
             os.setpgid(process.pid, process.pid)
         self._janitor.watch(process.pid)
-        worker = SupervisedWorker(self.spec.global_rank(local_rank), local_rank, process, command_w)
+        worker = SupervisedWorker(self.spec.global_rank(local_rank), local_rank, process)
         self.workers.append(worker)
-        self._watch(out_r, WorkerPipe(worker, "stdout"))
-        self._watch(err_r, WorkerPipe(worker, "stderr"))
-        self._watch(python_r, WorkerPipe(worker, PYTHON_PIPE))
-        self._watch(chan_r, WorkerPipe(worker, "channel", reader=ChannelReader(worker.rank)))
+        for stream, fd in ours.named():
+            reader = ChannelReader(worker.rank) if fd == ours.channel else None
+            self._watch(fd, WorkerPipe(worker, stream, reader))
         self._sentinels[process.sentinel] = worker
         self._selector.register(process.sentinel, selectors.EVENT_READ)
 
@@ -869,15 +831,15 @@ class WorkerGroup(WorkerGroupBase):
                 prompt += pipe.lines.take_partial("stdout")
         return prompt
 
-    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
-        write_before(self.channel_fd(worker), frame, time.monotonic() + ANSWER_WRITE_SECONDS)
+    def send(self, rank: int, data: bytes, deadline: float) -> None:
+        write_before(self.link_fd(rank), data, deadline)
 
-    def channel_fd(self, worker: SupervisedWorker) -> int:
-        """This process's end of `worker`'s channel; OSError once it is closed."""
-        for fd in self._fds_of(worker):
-            if self._pipes[fd].stream == "channel":
+    def link_fd(self, rank: int) -> int:
+        """This process's end of worker `rank`'s link; OSError once it is closed."""
+        for fd, pipe in self._pipes.items():
+            if pipe.worker.rank == rank and pipe.stream == "channel":
                 return fd
-        raise OSError("its channel is closed")
+        raise OSError(f"the link to worker rank {rank} is closed")
 
     @contextlib.contextmanager
     def _listening_to(self, stop: StopSignal) -> Iterator[None]:
@@ -887,25 +849,19 @@ class WorkerGroup(WorkerGroupBase):
         finally:
             self._selector.unregister(stop.fileno())
 
-    def command_fd(self, rank: int) -> int:
-        """The write end of live worker `rank`'s call pipe (non-blocking)."""
-        for worker in self.workers:
-            if worker.rank == rank and worker.command_fd is not None:
-                return worker.command_fd
-        raise OSError(f"worker rank {rank} takes no calls")
-
-    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
-        write_before(self.command_fd(rank), frame, deadline)
-
     def connection_addresses(self) -> list[tuple[str, int]]:
         return connection_addresses([worker.process.pid for worker in self.workers])
 
-    def close_commands(self) -> None:
-        """Close every call pipe: live workers then finish and exit."""
-        for worker in self.workers:
-            fd, worker.command_fd = worker.command_fd, None
-            if fd is not None:
-                close_parent_only(fd)
+    def end_calls(self) -> None:
+        for fd, pipe in self._pipes.items():
+            if pipe.stream == "channel":
+                link = socket.socket(fileno=fd)
+                try:
+                    link.shutdown(socket.SHUT_WR)
+                except OSError:  # the worker is gone
+                    pass
+                finally:
+                    link.detach()
 
     def signal(self, rank: int, signum: int) -> None:
         """Send `signum` to worker `rank` if it still runs."""
@@ -938,7 +894,6 @@ class WorkerGroup(WorkerGroupBase):
         try:
             self._collect_remains()
         finally:  # whatever reading the last output raised, nothing of the run stays
-            self.close_commands()
             self._janitor.close()
             self._selector.close()
 
@@ -997,13 +952,13 @@ def _descendants(pids: list[int]) -> list[psutil.Process]:
 
 
 def write_before(fd: int, data: bytes, deadline: float) -> None:
-    """Write all of `data` to the non-blocking pipe `fd`; TimeoutError if its reader
-    has not taken it before `deadline` (it is stuck, or gone)."""
+    """Write all of `data` to the non-blocking descriptor `fd`; TimeoutError if its
+    reader has not taken it before `deadline` (it is stuck, or gone)."""
     view = memoryview(data)
     while view:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError("the worker did not read its next call")
+            raise TimeoutError("the worker did not read what was sent down its link")
         _, writable, _ = select.select([], [fd], [], remaining)
         if writable:
             view = view[os.write(fd, view) :]

@@ -13,8 +13,8 @@ runtime comes along) and never initialises CUDA or another device runtime.
 The kernel talks to it over a Unix socketpair (SOCK_SEQPACKET: one message
 per request, file descriptors passed with it):
 
-- fork: the worker's descriptors (the spec `fresh.ship` wrote, stdout,
-  stderr, channel, call pipe) and an in-memory file with the kernel's current
+- fork: the worker's descriptors (the spec `fresh.ship` wrote, its
+  WorkerPipes) and an in-memory file with the kernel's current
   os.environ, working directory, sys.path and torch's CPU random state (a
   cell may have changed them since the template started; a forked worker
   would have them). The template forks; the child leads a process group of
@@ -80,6 +80,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
 from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
@@ -157,19 +158,9 @@ class TemplateProcess(PidfdProcess):
     TemplateWarning) when no template can be used.
     """
 
-    def __init__(
-        self,
-        spec_fd: int,
-        local_rank: int,
-        stdout_fd: int,
-        stderr_fd: int,
-        python_fd: int,
-        channel_fd: int,
-        command_fd: int | None,
-        name: str,
-    ) -> None:
+    def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
         self.name = name
-        self._args = (spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd)
+        self._args = (spec_fd, local_rank, pipes)
         self._template: _Template | None = None
         self._fresh: FreshProcess | None = None
         self._pid: int | None = None
@@ -178,13 +169,12 @@ class TemplateProcess(PidfdProcess):
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
-        spec_fd, local_rank, stdout_fd, stderr_fd, python_fd, channel_fd, command_fd = self._args
+        spec_fd, local_rank, pipes = self._args
         context_fd = _kernel_context()
-        fds = [spec_fd, context_fd, stdout_fd, stderr_fd, python_fd, channel_fd]
-        fds += [] if command_fd is None else [command_fd]
+        fds = [spec_fd, context_fd, *pipes.fds()]
         try:
             self._template, self._pid, self.sentinel, self._worker = _fork_from_template(
-                fds, local_rank, command_fd is not None
+                fds, local_rank
             )
         except TemplateUnavailable as error:
             warnings.warn(
@@ -334,15 +324,13 @@ os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(shutdown_template)
 
 
-def _fork_from_template(
-    fds: list[int], local_rank: int, command: bool
-) -> tuple[_Template, int, int, int]:
+def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
     """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
     found dead is replaced once."""
     for attempt in range(2):
         template = _template_for_launch()
         try:
-            return template, *template.fork(fds, local_rank, command)
+            return template, *template.fork(fds, local_rank)
         except TemplateUnavailable:
             if attempt:
                 raise
@@ -587,12 +575,10 @@ class _Template:
 
     # -- requests ---------------------------------------------------------------
 
-    def fork(self, fds: list[int], local_rank: int, command: bool) -> tuple[int, int, int]:
+    def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
         when it died or refused (it is then retired), OSError when the fork failed."""
-        answer, received = self._request(
-            {"kind": "fork", "local_rank": local_rank, "command": command}, fds
-        )
+        answer, received = self._request({"kind": "fork", "local_rank": local_rank}, fds)
         if answer["kind"] == "forked" and len(received) == 1:
             with self._cond:
                 self.users += 1

@@ -33,8 +33,10 @@ import sys
 import threading
 import time
 import traceback
+from dataclasses import fields
 from typing import Any, NoReturn
 
+from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.fresh import read_all, run_shipped
 from notebook_accel.launch.processes import ChildProcess, die_with_parent, end_processes
 from notebook_accel.launch.template_messages import (
@@ -168,8 +170,7 @@ class _Server:
         deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
-        expected = 7 if message["command"] else 6
-        if self.stopped is not None or len(fds) != expected:
+        if self.stopped is not None or len(fds) != 2 + len(fields(WorkerPipes)):
             for fd in fds:
                 os.close(fd)
             reason = self.stopped or f"a request came with {len(fds)} descriptors"
@@ -196,27 +197,18 @@ class _Server:
 
     def _child(self, local_rank: int, fds: list[int]) -> NoReturn:
         """The forked worker: take the kernel's context, then run as a fresh worker does."""
-        spec_fd, context_fd, stdout_fd, stderr_fd, python_fd, channel_fd, *rest = fds
+        spec_fd, context_fd, *pipe_fds = fds
+        pipes = WorkerPipes(*pipe_fds)
         try:
             os.setpgid(0, 0)  # a group of its own at once, as a FreshProcess
             # Errors before the worker's own redirection reach the cell too.
-            os.dup2(stdout_fd, 1)
-            os.dup2(stderr_fd, 2)
+            os.dup2(pipes.stdout, 1)
+            os.dup2(pipes.stderr, 2)
             self.sock.close()
             for sentinel in self.children:
                 os.close(sentinel)
             _take_kernel_context(context_fd)
-            command_fd = rest[0] if rest else None
-            run_shipped(
-                spec_fd,
-                local_rank,
-                stdout_fd,
-                stderr_fd,
-                python_fd,
-                channel_fd,
-                self.pid,
-                command_fd,
-            )
+            run_shipped(spec_fd, local_rank, pipes, self.pid)
         except BaseException:  # noqa: BLE001 - to the worker's stderr, which the cell shows
             traceback.print_exc()
         finally:

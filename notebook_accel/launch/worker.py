@@ -27,7 +27,7 @@ from typing import Any, NoReturn
 
 from notebook_accel.config.settings import ENV_BACKEND
 from notebook_accel.launch import debugging
-from notebook_accel.launch.channel import ChannelWriter
+from notebook_accel.launch.channel import ChannelWriter, WorkerPipes
 from notebook_accel.launch.output_pipes import python_streams
 from notebook_accel.launch.processes import die_with_parent
 from notebook_accel.launch.stacks import StackRequests
@@ -77,8 +77,6 @@ class WorkerSpec:
     # function and its arguments pickled by value in `shipped` instead.
     start_method: str = "fork"
     shipped: bytes | None = None
-    # Live workers (notebook_accel/live) get a pipe the launcher sends calls down.
-    commands: bool = False
     # The global rank of local rank 0 where nodes run different numbers of workers
     # (a cluster's); by default node_rank * local_world_size.
     first_rank: int | None = None
@@ -115,16 +113,13 @@ class WorkerSpec:
 def worker_main(
     spec: WorkerSpec,
     local_rank: int,
-    stdout_fd: int,
-    stderr_fd: int,
-    python_fd: int,
-    channel_fd: int,
+    pipes: WorkerPipes,
     inherited_fds: list[int],
     parent_pid: int,
-    command_fd: int | None = None,
 ) -> NoReturn:
-    """The first code a worker runs. Never returns: it exits the process."""
-    global _CHANNEL, _COMMAND_FD
+    """The first code a worker runs, on the worker's ends of `pipes`. Never returns: it
+    exits the process."""
+    global _CHANNEL
     modules_at_fork = len(sys.modules)
     # The launcher owns interrupts: a notebook's stop button signals the whole
     # process group, and the launcher then stops the workers itself.
@@ -141,7 +136,7 @@ def worker_main(
     die_with_parent(parent_pid)  # a kernel restart ends it
     for fd in inherited_fds:
         os.close(fd)
-    _redirect_output(stdout_fd, stderr_fd, python_fd)
+    _redirect_output(pipes)
     # On the launcher's request (a run that makes no progress), every thread's stack to
     # stderr: written from C, so it comes even from inside a collective that waits; and
     # a note down the channel once there is one (launch/stacks.py).
@@ -162,8 +157,8 @@ def worker_main(
     # parallel op with more than one thread waits on it forever.
     torch.set_num_threads(spec.threads_per_process)
 
-    channel = ChannelWriter(channel_fd)
-    _CHANNEL, _COMMAND_FD = channel, command_fd
+    channel = ChannelWriter(pipes.channel)
+    _CHANNEL = channel
     rank = spec.global_rank(local_rank)
     debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
     stack_requests.answer_with(channel.send, rank)
@@ -194,23 +189,16 @@ def worker_main(
 # The forking process's __main__, kept alive in a worker that has its own (own_main).
 _FORKING_PROCESS_MAIN: types.ModuleType | None = None
 
-# This worker's event channel, and for live workers the pipe calls arrive on.
+# This worker's link to the launching process.
 _CHANNEL: ChannelWriter | None = None
-_COMMAND_FD: int | None = None
 
 
 def current_channel() -> ChannelWriter:
-    """The channel this worker sends its events down (inside a worker only)."""
+    """This worker's link: its events go up, prompt answers and live calls come down
+    (inside a worker only)."""
     if _CHANNEL is None:
         raise RuntimeError("not inside a launched worker")
     return _CHANNEL
-
-
-def command_fd() -> int:
-    """The pipe a live worker reads its calls from (inside a live worker only)."""
-    if _COMMAND_FD is None:
-        raise RuntimeError("not inside a live worker: start them with start_workers()")
-    return _COMMAND_FD
 
 
 def _set_environment(spec: WorkerSpec, local_rank: int) -> None:
@@ -419,7 +407,7 @@ def _barrier_before_exit() -> None:
         dist.barrier()
 
 
-def _redirect_output(stdout_fd: int, stderr_fd: int, python_fd: int) -> None:
+def _redirect_output(pipes: WorkerPipes) -> None:
     """Point fd 1 and 2 at the launcher's pipes and sys.stdout/stderr at the pipe
     they share (launch/output_pipes.py).
 
@@ -427,11 +415,11 @@ def _redirect_output(stdout_fd: int, stderr_fd: int, python_fd: int) -> None:
     child must not use; logging handlers made earlier may still point at it.
     """
     old_streams = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
-    os.dup2(stdout_fd, 1)
-    os.dup2(stderr_fd, 2)
-    os.close(stdout_fd)
-    os.close(stderr_fd)
-    sys.stdout, sys.stderr = python_streams(python_fd)
+    os.dup2(pipes.stdout, 1)
+    os.dup2(pipes.stderr, 2)
+    os.close(pipes.stdout)
+    os.close(pipes.stderr)
+    sys.stdout, sys.stderr = python_streams(pipes.python)
     # Installed afresh: in a process where faulthandler was already on (pytest, a
     # kernel), enable() only changes its file, and a crash handler a library installed
     # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.

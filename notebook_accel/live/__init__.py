@@ -1,8 +1,8 @@
 """Live workers: a process group that stays up between cells, models resident on the devices.
 
     start.py    start_workers; group.py: LiveWorkers (calls, stops, restarts)
-    serve.py    the worker's side: runs each call in its namespace
-    protocol.py calls and answers on the command pipe; values.py: values that stay on a worker
+    serve.py    the worker's side: the calls down its link, each run in its namespace
+    values.py   values that stay on a worker
     regroup.py  bring ranks out of a collective a peer left, form the group again
     magic.py    %%on_workers
 

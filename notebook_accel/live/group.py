@@ -38,10 +38,11 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from notebook_accel.launch.attempt import open_group
+from notebook_accel.launch.channel import frame
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.plan import LaunchPlan
 from notebook_accel.launch.supervisor import StopSignal, WorkerGroupBase, interrupts_stop
-from notebook_accel.live.protocol import Call, encode
+from notebook_accel.live.serve import Call
 from notebook_accel.live.values import unpack
 from notebook_accel.reporting.events import CallFinished, MetricRecord, Progress, RunEvent
 from notebook_accel.reporting.observers import ConsoleObserver, RunFeed, RunObserver
@@ -59,7 +60,7 @@ BREAK_AFTER_SECONDS = 3.0
 FAILURE_SETTLE_SECONDS = 0.25
 # How long the workers get to form their process group again.
 REGROUP_SECONDS = 60.0
-# How long to wait for a worker's exit to be seen once its call pipe broke.
+# How long to wait for a worker's exit to be seen once its link broke.
 EXIT_NOTICE_SECONDS = 3.0
 # How long the workers get to start and join their process group.
 START_SECONDS = 120.0
@@ -131,7 +132,7 @@ class LiveWorkers:
         self._opened = contextlib.ExitStack()
         try:
             with interrupts_stop(None) as stop:
-                opening = open_group(self.plan, self._emit, None, 0, commands=True, interrupt=stop)
+                opening = open_group(self.plan, self._emit, None, 0, interrupt=stop)
                 self._group = self._opened.enter_context(opening)
                 self._serve_until(lambda: self._answered(0, self.ranks), START_SECONDS, stop)
         except BaseException as error:
@@ -152,7 +153,7 @@ class LiveWorkers:
         if group is None:
             return
         try:
-            group.close_commands()
+            group.end_calls()
             deadline = time.monotonic() + CLOSE_SECONDS
             # Told to finish, the workers exit: only an error or a bad exit fails.
             group.serve_until(group.all_exited, deadline, None, group.failed_workers)
@@ -282,12 +283,12 @@ class LiveWorkers:
 
     def _send(self, group: WorkerGroupBase, call: Call) -> None:
         deadline = time.monotonic() + SEND_SECONDS
-        frame = encode(call)
+        data = frame(call)
         try:
             for rank in call.ranks:
-                group.send_command(rank, frame, deadline)
+                group.send(rank, data, deadline)
         except (OSError, TimeoutError) as error:
-            # Most often a worker that died since the last call (its pipe is closed):
+            # Most often a worker that died since the last call (its link is closed):
             # wait for its exit, to name it.
             with contextlib.suppress(TimeoutError):
                 self._serve_until(lambda: False, EXIT_NOTICE_SECONDS, None)  # WorkerError

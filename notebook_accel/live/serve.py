@@ -16,9 +16,21 @@ cannot be interrupted: the kernel then has every worker break its
 connections to the others, which fails the collective at once, and form the
 process group again (live/regroup.py).
 
-Calls are read on a thread of their own and handed to the main thread, which
-runs them; only the order to break the connections is carried out on the
-reading thread itself, since the main thread may be the one stuck.
+Calls come down the worker's link (launch/channel.py) as `Call` frames, the
+function, its arguments or a cell's source inside by value (cloudpickle, as
+for workers in fresh interpreters: a function defined after the workers
+started exists only in the kernel); what comes back goes up as a
+`CallFinished` (reporting/events.py), its value packed by live/values.py.
+Besides the user's calls, the kernel sends two of its own (live/regroup.py):
+"break" (every worker shuts down its connections to the others, at once, even
+in the middle of a call) and "regroup" (every worker forms the process group
+again, then answers).
+
+One thread reads all that comes down the link: calls are handed to the main
+thread, which runs them, and answers to the main thread's prompt (a debugger
+in a call, launch/debugging.py) to that prompt; only the order to break the
+connections is carried out on the reading thread itself, since the main
+thread may be the one stuck.
 """
 
 from __future__ import annotations
@@ -35,11 +47,13 @@ import threading
 import time
 import traceback
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
+from notebook_accel.launch import debugging
+from notebook_accel.launch.channel import ChannelWriter
 from notebook_accel.live import regroup
-from notebook_accel.live.protocol import Call, read_call
 from notebook_accel.live.values import pack
 from notebook_accel.reporting.events import CallFinished
 from notebook_accel.training import interrupts
@@ -55,56 +69,85 @@ FORCE_AFTER_SECONDS = 2.0
 _last_error: BaseException | None = None
 
 
+@dataclass(frozen=True)
+class Call:
+    """One request to every chosen rank: run a function, or a cell's source."""
+
+    call_id: int
+    # "function": `payload` is (function, args, kwargs) pickled by value;
+    # "cell": `payload` is the cell's source, utf-8;
+    # "break": `payload` is the local addresses of the workers' TCP connections,
+    # pickled (no answer);
+    # "regroup": `payload` is the new group's generation number, as text.
+    kind: str
+    payload: bytes
+    ranks: tuple[int, ...]
+    # Every chosen rank sends its value back, not only the first chosen one.
+    return_all: bool = False
+    # The name tracebacks give a cell's code ("<cell 3 on workers>").
+    filename: str = "<cell on workers>"
+
+
 def serve() -> None:
     """Run as each live worker's function: join the process group, then serve calls
-    until the kernel closes the command pipe."""
+    until the kernel ends its side of the link."""
     from notebook_accel.launch import worker
     from notebook_accel.training.state import PartialState
 
     state = PartialState()  # joins the process group, as Accelerator() would
     channel = worker.current_channel()
     namespace = sys.modules["__main__"].__dict__
-    calls = _CallReader(worker.command_fd())
+    calls = _Downlink(channel)
+    debugging.install(channel, state.process_index, calls.next_answer)
     channel.send(CallFinished(state.process_index, 0))  # ready
-    while (call := calls.next()) is not None:
+    while (call := calls.next_call()) is not None:
         if call.kind == "regroup":
             channel.send(_formed_again(call, state.process_index))
         elif state.process_index in call.ranks:
             channel.send(_answer(call, namespace, state.process_index))
 
 
-class _CallReader:
-    """Reads the kernel's calls on a thread of its own; `next()` hands them to the
-    main thread in order. An order to break the connections ("break") is carried
-    out at once, on the reading thread, wherever the main thread is."""
+class _Downlink:
+    """The one reader of what comes down the link, on a thread of its own: calls for
+    `next_call()`, answers for `next_answer()`, in order. An order to break the
+    connections ("break") is carried out at once, on the reading thread, wherever the
+    main thread is."""
 
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
+    def __init__(self, channel: ChannelWriter) -> None:
+        self._channel = channel
         self._calls: queue.SimpleQueue[Call | None] = queue.SimpleQueue()
+        self._answers: queue.SimpleQueue[debugging.Answer | None] = queue.SimpleQueue()
         self._thread = threading.Thread(
             target=self._read, name="notebook_accel-live-calls", daemon=True
         )
         self._thread.start()
 
-    def next(self) -> Call | None:
-        """The next call, or None once the kernel closed the pipe (waits for it)."""
+    def next_call(self) -> Call | None:
+        """The next call, or None once the kernel ended its side (waits for it)."""
         while True:
             with contextlib.suppress(queue.Empty):
                 return self._calls.get(timeout=1.0)
+
+    def next_answer(self) -> debugging.Answer | None:
+        """The answer to this worker's prompt, or None once the kernel ended its side."""
+        return self._answers.get()
 
     def _read(self) -> None:
         # Stop presses and the forced interrupt's alarm are for the main thread: a
         # signal this thread took would not wake the main thread's sleep.
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGALRM})
         try:
-            while (call := read_call(self._fd)) is not None:
-                if call.kind == "break":
+            while (item := self._channel.receive()) is not None:
+                if isinstance(item, debugging.Answer):
+                    self._answers.put(item)
+                elif item.kind == "break":
                     with contextlib.suppress(Exception):  # then the kernel ends the group
-                        regroup.break_connections(pickle.loads(call.payload))
+                        regroup.break_connections(pickle.loads(item.payload))
                 else:
-                    self._calls.put(call)
+                    self._calls.put(item)
         finally:
             self._calls.put(None)
+            self._answers.put(None)
 
 
 def _answer(call: Call, namespace: dict[str, Any], rank: int) -> CallFinished:
@@ -197,8 +240,6 @@ def _interruptible() -> Iterator[None]:
 def debug_last_error() -> None:
     """In a live worker: pdb on the frames of the last call that failed here, prompting
     in the cell (LiveWorkers.debug)."""
-    from notebook_accel.launch import debugging
-
     error = _last_error
     if error is None:
         raise RuntimeError("no call has failed on this worker: there is nothing to debug")

@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from notebook_accel.launch.channel import ChannelReader, ChannelWriter
+from notebook_accel.launch.channel import ChannelReader, ChannelWriter, frame
+from notebook_accel.launch.debugging import Answer
 from notebook_accel.launch.supervisor import read_some
 from notebook_accel.reporting.events import (
     MetricRecord,
@@ -133,3 +134,18 @@ def test_a_channel_reset_by_a_worker_that_ended_reads_as_its_end_after_what_it_s
         worker.close()
         assert read_some(launcher.fileno()) == b"events"
         assert read_some(launcher.fileno()) == b""
+
+
+def test_what_comes_down_the_link_arrives_whole_and_in_order_and_then_its_end():
+    # Prompt answers and live calls go down the same socket the events come up.
+    launcher, worker = socket.socketpair()
+    with launcher, worker:
+        writer = ChannelWriter(worker.fileno())
+        sent = [Answer("c"), Answer(None, "nobody can answer input here"), {"call": 1}]
+        launcher.sendall(b"".join(frame(obj) for obj in sent))
+        writer.send(metric(0))
+        launcher.shutdown(socket.SHUT_WR)  # the launcher ends its side: no more calls
+        assert [writer.receive() for _ in sent] == sent
+        assert writer.receive() is None
+        writer.send(metric(1))  # events still go up
+        assert ChannelReader(rank=0).feed(read_some(launcher.fileno())) == [metric(0), metric(1)]

@@ -18,7 +18,7 @@ The kernel asks for what happened with `events()`, a call that returns as
 soon as there is something (or after a short while), and keeps one such call
 in flight per agent. Rank 0's agent also hosts the store the workers meet at
 (launch/rendezvous.py), as the kernel does on one machine. The other calls
-(stop, signal, a live worker's next call) run beside it: the actor takes
+(stop, signal, what goes down the worker's link) run beside it: the actor takes
 several calls at once.
 """
 
@@ -144,31 +144,22 @@ class NodeAgent:
             if group is not None and group.workers:
                 group.signal(group.workers[0].rank, signum)
 
-    def send_command(self, frame: bytes, seconds: float) -> None:
-        """Write a live call into the worker's call pipe; TimeoutError if the worker
-        does not take it within `seconds`."""
-        with self._lock:
-            group = self._group
-            if group is None or not group.workers:
-                raise OSError("this agent runs no worker")
-            fd = group.command_fd(group.workers[0].rank)
-        write_before(fd, frame, time.monotonic() + seconds)
-
-    def answer(self, frame: bytes, seconds: float) -> None:
-        """Write the answer to the worker's prompt (launch/debugging.py) down its channel;
+    def send(self, data: bytes, seconds: float) -> None:
+        """Write a frame down the worker's link (a live call, the answer to its prompt);
         TimeoutError if the worker does not take it within `seconds`."""
         with self._lock:
             group = self._group
             if group is None or not group.workers:
                 raise OSError("this agent runs no worker")
-            fd = group.channel_fd(group.workers[0])
-        write_before(fd, frame, time.monotonic() + seconds)
+            fd = group.link_fd(group.workers[0].rank)
+        write_before(fd, data, time.monotonic() + seconds)
 
-    def close_commands(self) -> None:
-        """Close the worker's call pipe: a live worker then finishes and exits."""
+    def end_calls(self) -> None:
+        """End the kernel's side of the worker's link: a live worker then finishes and
+        exits."""
         with self._lock:
             if self._group is not None:
-                self._group.close_commands()
+                self._group.end_calls()
 
     def connections(self) -> list[tuple[str, int]]:
         """The local addresses of the worker's TCP connections (live/regroup.py)."""

@@ -52,7 +52,6 @@ from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
 from notebook_accel.launch.output_pipes import PYTHON_PIPE
 from notebook_accel.launch.supervisor import (
-    ANSWER_WRITE_SECONDS,
     KILL_REAP_SECONDS,
     TERMINATE_GRACE_SECONDS,
     Emit,
@@ -276,16 +275,6 @@ class RayWorkerGroup(WorkerGroupBase):
             for stream in OUTPUT_STREAMS
         )
 
-    def _send_answer(self, worker: SupervisedWorker, frame: bytes) -> None:
-        ray = self._ray
-        ref = self._agents[worker.rank].answer.remote(frame, ANSWER_WRITE_SECONDS)
-        try:
-            ray.get(ref, timeout=ANSWER_WRITE_SECONDS + ORDER_SECONDS)
-        except ray.exceptions.GetTimeoutError:
-            raise TimeoutError("the worker's agent did not answer") from None
-        except ray.exceptions.RayError as error:
-            raise OSError(_first_line(error)) from None
-
     # -- live workers ------------------------------------------------------------
 
     def signal(self, rank: int, signum: int) -> None:
@@ -293,25 +282,25 @@ class RayWorkerGroup(WorkerGroupBase):
         if worker is not None and not worker.ended:
             self._agents[rank].signal.remote(signum)
 
-    def send_command(self, rank: int, frame: bytes, deadline: float) -> None:
+    def send(self, rank: int, data: bytes, deadline: float) -> None:
         ray = self._ray
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise TimeoutError("the worker did not read its next call")
-        ref = self._agents[rank].send_command.remote(frame, remaining)
+            raise TimeoutError("the worker did not read what was sent down its link")
+        ref = self._agents[rank].send.remote(data, remaining)
         try:
             ray.get(ref, timeout=remaining + ORDER_SECONDS)
         except ray.exceptions.GetTimeoutError:
             raise TimeoutError("the worker's agent did not answer") from None
         except ray.exceptions.RayActorError as error:
             raise OSError(f"worker rank {rank}'s agent is gone ({_first_line(error)})") from None
-        except ray.exceptions.RayTaskError as error:
-            if isinstance(error.cause, TimeoutError):
+        except ray.exceptions.RayError as error:
+            if isinstance(getattr(error, "cause", None), TimeoutError):
                 raise TimeoutError(str(error.cause)) from None
             raise OSError(_first_line(error)) from None
 
-    def close_commands(self) -> None:
-        refs = [self._agents[w.rank].close_commands.remote() for w in self.workers if not w.lost]
+    def end_calls(self) -> None:
+        refs = [self._agents[w.rank].end_calls.remote() for w in self.workers if not w.lost]
         self._ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
 
     def connection_addresses(self) -> list[tuple[str, int]]:
