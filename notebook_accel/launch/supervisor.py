@@ -275,7 +275,7 @@ class WorkerGroupBase:
     Every event (a worker's output lines, what it sends down its channel,
     memory samples, exits) goes to `emit`, in the launching thread. A
     subclass starts and stops the workers, and delivers their bytes and exits
-    in `poll_until`: output to `_take`, exits to `_exited`.
+    in `poll_until`: output to `take`, exits to `exited`.
     """
 
     # After the first failure, how long to keep listening for the one that caused it.
@@ -489,18 +489,19 @@ class WorkerGroupBase:
         ]
         self.emit(RanksStuck(explain(reason, stacks, ended, all_reducing)))
 
-    def _take(self, pipe: WorkerPipe, data: bytes) -> None:
+    def take(self, pipe: WorkerPipe, data: bytes) -> None:
+        """Turn `data`, read from `pipe`, into events (its channel) or output lines."""
         if pipe.reader is not None:
             for event in pipe.reader.feed(data):
                 if isinstance(event, StacksNote):  # asked for by explain_where: no progress
                     pipe.worker.stacks.note = event
                     continue
                 self._progressed()
-                self._on_event(pipe.worker, event)
+                self.on_event(pipe.worker, event)
         else:
-            self._emit_lines(pipe.worker, pipe.lines.feed(data))
+            self.emit_lines(pipe.worker, pipe.lines.feed(data))
 
-    def _emit_lines(self, worker: SupervisedWorker, lines: list[tuple[str, str]]) -> None:
+    def emit_lines(self, worker: SupervisedWorker, lines: list[tuple[str, str]]) -> None:
         """Emit (stream, line) pairs of `worker`'s output."""
         for stream, line in lines:
             if stream == "stderr":
@@ -510,7 +511,8 @@ class WorkerGroupBase:
             self._progressed()
             self.emit(OutputLine(worker.rank, stream, line))
 
-    def _on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
+    def on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
+        """Act on an event `worker` sent (answer its prompt, stop its peers), then emit it."""
         if isinstance(event, Unreadable):  # the worker runs on, but its event is lost: stop
             event = WorkerRaised(
                 worker.rank,
@@ -533,7 +535,7 @@ class WorkerGroupBase:
 
     def _answer_prompt(self, worker: SupervisedWorker) -> None:
         """Ask in the cell for the line `worker` waits for, and send it back."""
-        prompt = self._take_prompt(worker)
+        prompt = self.take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed, shown = None, NO_PROMPTER, False, False
         # Where nobody attends the prompt (a script's stdin that is a pipe), its time
@@ -571,7 +573,7 @@ class WorkerGroupBase:
                 raise KeyboardInterrupt("the run was stopped")
             self.stop_signal.set()
 
-    def _take_prompt(self, worker: SupervisedWorker) -> str:
+    def take_prompt(self, worker: SupervisedWorker) -> str:
         """What `worker` wrote before its prompt (shown first), and the prompt itself."""
         return ""
 
@@ -587,7 +589,7 @@ class WorkerGroupBase:
             with contextlib.suppress(NotImplementedError):
                 self.signal(other.rank, signal.SIGTERM)
 
-    def _exited(self, worker: SupervisedWorker, exitcode: int | None, lost: str = "") -> None:
+    def exited(self, worker: SupervisedWorker, exitcode: int | None, lost: str = "") -> None:
         """Record that `worker` exited with `exitcode` (or was lost, saying why), once
         everything it wrote before has been taken."""
         worker.exitcode, worker.lost = exitcode, lost
@@ -796,13 +798,13 @@ class WorkerGroup(WorkerGroupBase):
             if not data:  # every writer is gone
                 self._close(fd)
                 return
-            self._take(pipe, data)
+            self.take(pipe, data)
 
     def _close(self, fd: int) -> None:
         pipe = self._pipes.pop(fd)
         self._selector.unregister(fd)
         close_parent_only(fd)
-        self._emit_lines(pipe.worker, pipe.lines.flush())  # a last line without a newline
+        self.emit_lines(pipe.worker, pipe.lines.flush())  # a last line without a newline
 
     def _on_exit(self, worker: SupervisedWorker) -> None:
         # The sentinel closes while the process exits, a moment before waitpid can
@@ -815,21 +817,23 @@ class WorkerGroup(WorkerGroupBase):
         if worker.process.exitcode is None:
             return
         # What the worker wrote before exiting is already in the pipes.
-        for fd in self._fds_of(worker):
-            self._drain(fd)
-        self._exited(worker, worker.process.exitcode)
+        self.drain_output(worker, channel=True)
+        self.exited(worker, worker.process.exitcode)
 
-    def _fds_of(self, worker: SupervisedWorker) -> list[int]:
-        return [fd for fd, pipe in self._pipes.items() if pipe.worker is worker]
+    def drain_output(
+        self, worker: SupervisedWorker, channel: bool = False, last: bool = False
+    ) -> list[WorkerPipe]:
+        """Take what `worker`'s output pipes (and its channel, if `channel`) hold now;
+        return those pipes. `last`: close them too (`_drain`)."""
+        pipes = {fd: p for fd, p in self._pipes.items() if p.worker is worker}
+        pipes = {fd: p for fd, p in pipes.items() if channel or p.stream != "channel"}
+        for fd in pipes:
+            self._drain(fd, last)
+        return list(pipes.values())
 
-    def _take_prompt(self, worker: SupervisedWorker) -> str:
-        prompt = ""
-        for fd in self._fds_of(worker):
-            pipe = self._pipes[fd]
-            if pipe.stream != "channel":
-                self._drain(fd)  # what it wrote before the prompt is shown first
-                prompt += pipe.lines.take_partial("stdout")
-        return prompt
+    def take_prompt(self, worker: SupervisedWorker) -> str:
+        # What it wrote before the prompt is shown first.
+        return "".join(p.lines.take_partial("stdout") for p in self.drain_output(worker))
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
         write_before(self.link_fd(rank), data, deadline)
@@ -902,8 +906,7 @@ class WorkerGroup(WorkerGroupBase):
         for worker in self.workers:
             if worker.exitcode is None:
                 worker.exitcode = worker.process.exitcode
-            for fd in self._fds_of(worker):
-                self._drain(fd, last=True)
+            self.drain_output(worker, channel=True, last=True)
             if worker.process.exitcode is not None:
                 worker.process.close()
         for fd in list(self._pipes):  # none should be left; close them all the same

@@ -211,18 +211,16 @@ class _RelayGroup(WorkerGroup):
 
     reported_exit = False
 
-    def _take(self, pipe: WorkerPipe, data: bytes) -> None:
+    def take(self, pipe: WorkerPipe, data: bytes) -> None:
         if pipe.stream == "channel":
             # What the worker wrote before it sent this goes first: the kernel takes a
             # prompt's text from the end of its stdout (launch/debugging.py).
-            for fd in self._fds_of(pipe.worker):
-                if self._pipes[fd].stream != "channel":
-                    self._drain(fd)
+            self.drain_output(pipe.worker)
         self.emit((pipe.stream, data))
 
-    def _exited(self, worker: Any, exitcode: int | None, lost: str = "") -> None:
+    def exited(self, worker: Any, exitcode: int | None, lost: str = "") -> None:
         self.reported_exit = True
-        super()._exited(worker, exitcode, lost)
+        super().exited(worker, exitcode, lost)
 
 
 def _loopback_interfaces(environment: dict[str, str]) -> dict[str, str]:

@@ -36,7 +36,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from notebook_accel.launch.channel import ChannelReader
+from notebook_accel.launch.channel import ChannelReader, WorkerPipes
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
 from notebook_accel.launch.cluster.pool import (
     AGENT_START_SECONDS,
@@ -50,7 +50,6 @@ from notebook_accel.launch.cluster.pool import (
 from notebook_accel.launch.cluster.request import ClusterRequest
 from notebook_accel.launch.errors import WorkerError
 from notebook_accel.launch.forking import interrupts_deferred
-from notebook_accel.launch.output_pipes import PYTHON_PIPE
 from notebook_accel.launch.supervisor import (
     KILL_REAP_SECONDS,
     TERMINATE_GRACE_SECONDS,
@@ -71,8 +70,8 @@ POLL_SLICE_SECONDS = 0.1
 STOP_SECONDS = TERMINATE_GRACE_SECONDS + KILL_REAP_SECONDS + 2.0
 # How long a live call's other orders (close, connections) get.
 ORDER_SECONDS = 10.0
-STREAMS = ("stdout", "stderr", PYTHON_PIPE, "channel")
-OUTPUT_STREAMS = ("stdout", "stderr", PYTHON_PIPE)
+STREAMS = tuple(field.name for field in dataclasses.fields(WorkerPipes))
+OUTPUT_STREAMS = tuple(stream for stream in STREAMS if stream != "channel")
 
 
 class RayWorkerGroup(WorkerGroupBase):
@@ -218,18 +217,18 @@ class RayWorkerGroup(WorkerGroupBase):
         for item in relayed:
             if isinstance(item, tuple):
                 stream, data = item
-                self._take(self._pipes[(worker.rank, stream)], data)
+                self.take(self._pipes[(worker.rank, stream)], data)
             elif isinstance(item, WorkerExited):
                 if not worker.ended:
                     self._flush(worker)
-                    self._exited(worker, item.exitcode)
+                    self.exited(worker, item.exitcode)
             else:  # the agent's own events: memory samples
                 self.emit(item)
 
-    def _on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
+    def on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
         if isinstance(event, ModulesImported):
             self._warm_agents(event.modules)
-        super()._on_event(worker, event)
+        super().on_event(worker, event)
 
     def _warm_agents(self, modules: tuple[tuple[str, str | None], ...]) -> None:
         """Have every agent import what a worker had to import itself, while the workers
@@ -245,7 +244,7 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def _flush(self, worker: SupervisedWorker) -> None:
         for stream in OUTPUT_STREAMS:
-            self._emit_lines(worker, self._pipes[(worker.rank, stream)].lines.flush())
+            self.emit_lines(worker, self._pipes[(worker.rank, stream)].lines.flush())
 
     def _lose(
         self, worker: SupervisedWorker, error: BaseException | None, because: str = ""
@@ -264,11 +263,11 @@ class RayWorkerGroup(WorkerGroupBase):
             lost = _node_lost(place.info.node_id)
             node_lost(place.info.node_id)
         self._flush(worker)
-        self._exited(worker, None, lost=lost)
+        self.exited(worker, None, lost=lost)
 
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
-    def _take_prompt(self, worker: SupervisedWorker) -> str:
+    def take_prompt(self, worker: SupervisedWorker) -> str:
         # The agent relays a worker's output before what its channel sent after it.
         return "".join(
             self._pipes[(worker.rank, stream)].lines.take_partial("stdout")
