@@ -94,33 +94,34 @@ class DetachedRun:
         """ "starting", "running", "finished", "failed", "stopped", "timed out" or "lost"."""
         if self._ended.is_set():
             return "lost" if isinstance(self.report.error, RunLostError) else self.report.status
-        return self._state_now()
+        return self.state_now()
 
     def __repr__(self) -> str:
         return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
 
     # -- what each place of keepers provides -------------------------------------
 
-    def _read_new(self) -> list[tuple[int, Any]]:
+    def read_new(self) -> list[tuple[int, Any]]:
         """The events the keeper logged since the last call."""
         raise NotImplementedError
 
-    def _keeper_gone(self) -> bool:
+    def keeper_gone(self) -> bool:
         """Whether the keeper no longer runs (it can log nothing more)."""
         raise NotImplementedError
 
-    def _on_lost(self) -> str:
+    def on_lost(self) -> str:
         """Record the loss where the run is kept; return why it was lost, if known."""
         return ""
 
-    def _state_now(self) -> str:
+    def state_now(self) -> str:
+        """The state the keeper's record says now (the run has not ended here)."""
         raise NotImplementedError
 
-    def _ask_to_stop(self) -> bool:
+    def ask_to_stop(self) -> bool:
         """Tell the keeper to stop the run; False if it is gone already."""
         raise NotImplementedError
 
-    def _after_stop(self, seconds: float) -> None:
+    def after_stop(self, seconds: float) -> None:
         """Wait at most `seconds` for the keeper to be gone once the run ended stopped."""
 
     # -- following -----------------------------------------------------------
@@ -136,16 +137,16 @@ class DetachedRun:
             if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
                 return False
             self._keeper_checked = now
-            if not self._keeper_gone():
+            if not self.keeper_gone():
                 return False
             if self._take_new():  # what the keeper logged before it went
                 return True
-            why = self._on_lost()
+            why = self.on_lost()
             self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, why)))
             return True
 
     def _take_new(self) -> bool:
-        for _, event in self._read_new():  # the run's end comes last
+        for _, event in self.read_new():  # the run's end comes last
             self._take(event)
         return self._ended.is_set()
 
@@ -216,11 +217,11 @@ class DetachedRun:
         can): every worker is stopped, the run ends "stopped" and its keeper exits.
         Waits at most `timeout` s for that; a run that has ended already is left as it is."""
         deadline = time.monotonic() + timeout
-        if self.poll() or not self._ask_to_stop():
+        if self.poll() or not self.ask_to_stop():
             return
         if not self.wait(timeout):
             raise TimeoutError(f"run {self.id} did not stop within {timeout} s")
-        self._after_stop(max(0.0, deadline - time.monotonic()))
+        self.after_stop(max(0.0, deadline - time.monotonic()))
 
     def resume(self) -> DetachedRun:
         """Start this run's function again, detached, from the newest checkpoint it saved:
@@ -235,7 +236,7 @@ class DetachedRun:
                 f"run {self.id} is {state}: only a run that was lost, failed or stopped is "
                 "resumed (stop() it first to start over from its checkpoint)"
             )
-        plan = self._shipped_plan()
+        plan = self.shipped_plan()
         plan = dataclasses.replace(plan, resume_from=self.report.checkpoint or plan.resume_from)
         return self.start(plan, resumed_from=self.id)
 
@@ -245,7 +246,7 @@ class DetachedRun:
         once. `resumed_from`: the run it goes on from (at `plan.resume_from`, its checkpoint)."""
         raise NotImplementedError
 
-    def _shipped_plan(self) -> Any:
+    def shipped_plan(self) -> Any:
         """The launch as it was shipped to the keeper (for `resume`)."""
         raise NotImplementedError
 

@@ -32,16 +32,19 @@ class Keeper(RunObserver):
 
     def __init__(self, log: EventLog, stop: StopSignal | None = None) -> None:
         self.log = log
-        self._stop = stop
-        self._lock = threading.Lock()  # kernels read the log while the run appends
+        self.stop_signal = stop
+        self.lock = threading.Lock()  # kernels read the log while the run appends
 
     # -- what each place provides: the launch as it runs there, the run's record
 
-    def _plan(self) -> Any: ...
+    def plan(self) -> Any:
+        """The launch plan, as it runs here."""
 
-    def _record_state(self) -> str: ...
+    def record_state(self) -> str:
+        """The state the run's record says now."""
 
-    def _update_record(self, **changes: Any) -> None: ...
+    def update_record(self, **changes: Any) -> None:
+        """Change the run's record's fields as `changes` say."""
 
     # -- the body ---------------------------------------------------------------------
 
@@ -51,8 +54,10 @@ class Keeper(RunObserver):
         status = "lost"
         try:
             # Nothing launches from the keeper after the run: warming would only cost time.
-            plan = dataclasses.replace(self._plan(), warm=False)
-            run_plan(plan, self, stop=self._stop, report=plan.new_report(started_at=started_at))
+            plan = dataclasses.replace(self.plan(), warm=False)
+            run_plan(
+                plan, self, stop=self.stop_signal, report=plan.new_report(started_at=started_at)
+            )
             ended, status = RunEnded(None), "finished"
         except BaseException as error:  # noqa: BLE001 - the record and the log say how it ended
             ended, status = RunEnded(error), final_status(error)
@@ -60,7 +65,7 @@ class Keeper(RunObserver):
                 print(f"the run could not start: {error!r}", file=sys.stderr)
         finally:
             why = None if ended.error is None else str(ended.error).split("\n", 1)[0][:500]
-            self._update_record(state=status, ended=ended.time, error=why)
+            self.update_record(state=status, ended=ended.time, error=why)
             self._append(ended)
             self.log.close()
 
@@ -69,12 +74,12 @@ class Keeper(RunObserver):
             return  # appended by keep(), once the record says how the run ended
         self._append(event)
         if isinstance(event, CheckpointSaved):
-            self._update_record(checkpoint=event.path)
-        elif report.status == "running" and self._record_state() == "starting":
-            self._update_record(state="running")
+            self.update_record(checkpoint=event.path)
+        elif report.status == "running" and self.record_state() == "starting":
+            self.update_record(state="running")
 
     def _append(self, event: RunEvent) -> None:
-        with self._lock:
+        with self.lock:
             self.log.append(event)
 
 
@@ -88,7 +93,7 @@ class LocalKeeper(Keeper):
         self.directory = directory
         self._stops = stops
 
-    def _plan(self) -> Any:
+    def plan(self) -> Any:
         # From here a stop raises KeyboardInterrupt (until run_plan turns it into a clean
         # stop of the workers); `kill PID` stops the run as a stop press does.
         signal.signal(signal.SIGINT, signal.default_int_handler)
@@ -98,10 +103,10 @@ class LocalKeeper(Keeper):
             raise KeyboardInterrupt("the run was stopped before its workers started")
         return read_plan(self.directory)
 
-    def _record_state(self) -> str:
+    def record_state(self) -> str:
         return self.directory.read().state
 
-    def _update_record(self, **changes: Any) -> None:
+    def update_record(self, **changes: Any) -> None:
         self.directory.update(**changes)
 
 

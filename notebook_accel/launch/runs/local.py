@@ -33,24 +33,24 @@ class LocalRun(DetachedRun):
         super().__init__(directory.read())
         self._reader = EventLogReader(directory.path)
 
-    def _read_new(self) -> list[tuple[int, Any]]:
+    def read_new(self) -> list[tuple[int, Any]]:
         found = self._reader.read_available()
         if any(isinstance(event, RunEnded) for _, event in found):
             self._reader.close()
         return found
 
-    def _keeper_gone(self) -> bool:
+    def keeper_gone(self) -> bool:
         return self.directory.state() == "lost"
 
-    def _on_lost(self) -> str:
+    def on_lost(self) -> str:
         # The keeper can no longer write the record: the first to see the loss does.
         self.record = self.directory.update(state="lost", ended=time.time())
         return self.directory.keeper_log_tail(1)
 
-    def _state_now(self) -> str:
+    def state_now(self) -> str:
         return self.directory.state()
 
-    def _ask_to_stop(self) -> bool:
+    def ask_to_stop(self) -> bool:
         self._keeper = self.directory.keeper()
         if self._keeper is None:
             return False
@@ -58,7 +58,7 @@ class LocalRun(DetachedRun):
             self._keeper.send_signal(signal.SIGINT)
         return True
 
-    def _after_stop(self, seconds: float) -> None:
+    def after_stop(self, seconds: float) -> None:
         try:
             self._keeper.wait(seconds)
         except psutil.TimeoutExpired:
@@ -77,7 +77,7 @@ class LocalRun(DetachedRun):
         self._reader.close()
         shutil.rmtree(self.directory.path)
 
-    def _shipped_plan(self) -> Any:
+    def shipped_plan(self) -> Any:
         return read_plan(self.directory)
 
     @classmethod

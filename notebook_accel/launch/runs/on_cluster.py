@@ -60,35 +60,35 @@ class ClusterKeeper(Keeper):
         time.sleep(KEEP_ENDED_SECONDS)
         os._exit(0)  # nobody came for the outcome: the actor ends
 
-    def _plan(self) -> Any:
+    def plan(self) -> Any:
         plan = plan_from_bytes(self._launch)
         # The actor is inside the cluster: it uses its own connection; the pool goes as
         # soon as the run ends (nothing launches after it from here).
         request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
         return dataclasses.replace(plan, cluster=request)
 
-    def _record_state(self) -> str:
+    def record_state(self) -> str:
         return self._record.state
 
-    def _update_record(self, **changes: Any) -> None:
-        with self._lock:
+    def update_record(self, **changes: Any) -> None:
+        with self.lock:
             self._record = dataclasses.replace(self._record, **changes)
 
     # -- what kernels call ---------------------------------------------------------
 
     def read(self, after: int) -> bytes:
         """The records of the events after sequence number `after`."""
-        with self._lock:
+        with self.lock:
             return self.log.read(after)
 
     def record(self) -> RunRecord:
         """The run's record: what was launched, its state, its newest checkpoint."""
-        with self._lock:
+        with self.lock:
             return dataclasses.replace(self._record)
 
     def stop(self) -> None:
         """Stop the run: every worker, agent and the placement group go."""
-        self._stop.set()
+        self.stop_signal.set()
 
     def launch(self) -> bytes:
         """The launch as it was shipped (starting.plan_bytes), for `resume`."""
@@ -110,7 +110,7 @@ class ClusterRun(DetachedRun):
         ray = require_ray()
         return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
 
-    def _read_new(self) -> list[tuple[int, Any]]:
+    def read_new(self) -> list[tuple[int, Any]]:
         ray = require_ray()
         try:
             found = decode(self._ask("read", self._last))  # only those after `_last`
@@ -120,7 +120,7 @@ class ClusterRun(DetachedRun):
             self._last = found[-1][0]
         return found
 
-    def _keeper_gone(self) -> bool:
+    def keeper_gone(self) -> bool:
         ray = require_ray()
         try:
             self.record = self._ask("record")
@@ -128,13 +128,13 @@ class ClusterRun(DetachedRun):
             return True
         return False
 
-    def _on_lost(self) -> str:
+    def on_lost(self) -> str:
         return "its Ray actor died"
 
-    def _state_now(self) -> str:
-        return "lost" if self._keeper_gone() else self.record.state
+    def state_now(self) -> str:
+        return "lost" if self.keeper_gone() else self.record.state
 
-    def _ask_to_stop(self) -> bool:
+    def ask_to_stop(self) -> bool:
         ray = require_ray()
         try:
             self._ask("stop")
@@ -142,7 +142,7 @@ class ClusterRun(DetachedRun):
             return False
         return True
 
-    def _after_stop(self, seconds: float) -> None:
+    def after_stop(self, seconds: float) -> None:
         self.forget()  # whoever stopped it has its outcome
 
     def forget(self) -> None:
@@ -150,7 +150,7 @@ class ClusterRun(DetachedRun):
         ray = require_ray()
         ray.kill(self._actor, no_restart=True)
 
-    def _shipped_plan(self) -> Any:
+    def shipped_plan(self) -> Any:
         ray = require_ray()
         launch = self._launch
         if launch is None:
