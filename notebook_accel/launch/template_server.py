@@ -47,7 +47,7 @@ from notebook_accel.launch.template_messages import (
     receive_message,
     send_message,
 )
-from notebook_accel.launch.warm import WORKER_CODE
+from notebook_accel.launch.warm import WORKER_CODE, device_problem
 
 # How long a launch's first worker may wait for queued modules to be imported
 # (the rest follow between launches).
@@ -115,7 +115,7 @@ class _Server:
         from notebook_accel.platforms.registry import PLATFORMS
 
         self.platforms = list(PLATFORMS.values())
-        problem = _device_problem(self.platforms)
+        problem = device_problem(self.platforms)
         if problem is not None:
             return f"importing torch started a device runtime: {problem}"
         self.threads = _thread_count()
@@ -260,7 +260,7 @@ class _Server:
                 undo()
         seconds, imported = time.perf_counter() - started, len(sys.modules) - before
         self._send({"kind": "warmed", "module": name, "seconds": seconds, "imported": imported})
-        problem = _device_problem(self.platforms)
+        problem = device_problem(self.platforms)
         if problem is not None:
             problem = f"started a device runtime: {problem}"
         elif _thread_count() > self.threads:
@@ -278,7 +278,7 @@ class _Server:
             "id": message["id"],
             "pid": self.pid,
             "cuda_initialized": torch.cuda.is_initialized(),
-            "device_problem": _device_problem(self.platforms),
+            "device_problem": device_problem(self.platforms),
             "threads": _thread_count(),
             "imported": {name: name in sys.modules for name in message["modules"]},
         }
@@ -297,14 +297,6 @@ def _take_kernel_context(fd: int) -> None:
         import torch
 
         torch.set_rng_state(torch.frombuffer(bytearray(context["rng"]), dtype=torch.uint8))
-
-
-def _device_problem(platforms: list[Any]) -> str | None:
-    for platform in platforms:
-        problem = platform.fork_problem()
-        if problem:
-            return problem
-    return None
 
 
 def _thread_count() -> int:

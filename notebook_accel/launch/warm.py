@@ -394,7 +394,7 @@ def _import_guarded(name: str, warming: Warming) -> str | None:
     if name in sys.modules:
         return None
     platforms = list(PLATFORMS.values())
-    unclean_before = _device_problem(platforms)
+    unclean_before = device_problem(platforms)
     me = threading.get_ident()
     undos = [p.guard_runtime_start(lambda: threading.get_ident() == me) for p in platforms]
     try:
@@ -407,11 +407,12 @@ def _import_guarded(name: str, warming: Warming) -> str | None:
         for undo in undos:
             undo()
     warming.modules.append(name)
-    problem = _device_problem(platforms)
+    problem = device_problem(platforms)
     return problem if unclean_before is None else None
 
 
-def _device_problem(platforms: list) -> str | None:
+def device_problem(platforms: list) -> str | None:
+    """The first of `platforms`' reasons a fork would be unsafe now, if any."""
     for platform in platforms:
         problem = platform.fork_problem()
         if problem:
