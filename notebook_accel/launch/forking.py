@@ -33,11 +33,11 @@ import contextlib
 import gc
 import os
 import signal
-import struct
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from notebook_accel.launch.channel import ChannelReader, frame
 from notebook_accel.launch.processes import ChildProcess, end_processes, kill_group
 
 # How long the launcher waits for the janitor to exit once told to.
@@ -194,7 +194,7 @@ class Janitor:
         """Have the janitor kill group `pgid` in the end."""
         if self._write is not None:
             with contextlib.suppress(OSError):  # the janitor died: nothing to tell it
-                os.write(self._write, struct.pack("=i", pgid))
+                os.write(self._write, frame([pgid]))  # one write: under PIPE_BUF, whole
 
     def close(self) -> None:
         """Close its pipe (it then kills the groups and exits) and reap it (once)."""
@@ -220,22 +220,21 @@ def _janitor_main(read: int) -> None:  # pragma: no cover - runs in the forked j
         os.closerange(3, read)
         os.closerange(read + 1, _max_fd())
         groups: set[int] = set()
-        pending = b""
-        while True:
-            try:
-                data = os.read(read, 4096)
-            except InterruptedError:
-                continue
-            if not data:
-                break
-            pending += data
-            while len(pending) >= 4:
-                groups.add(struct.unpack("=i", pending[:4])[0])
-                pending = pending[4:]
+        frames = ChannelReader(rank=-1)  # the workers' link framing: lists of groups
+        while data := _read(read):
+            groups.update(frames.feed(data))
         for pgid in groups:
             kill_group(pgid, signal.SIGKILL)
     finally:
         os._exit(0)
+
+
+def _read(fd: int) -> bytes:  # pragma: no cover - runs in the forked janitor
+    while True:
+        try:
+            return os.read(fd, 4096)
+        except InterruptedError:
+            continue
 
 
 def _max_fd() -> int:
