@@ -97,6 +97,13 @@ def kernels():
         manager.shutdown_kernel(now=True)
 
 
+# Cells that wait for whole runs on the cluster to end (attach(), result(), a resume and
+# its reference run) get a hang guard that fits that work: beside a full suite on 2 cores
+# the resumed run and its reference took over PROMPTLY. The tests' own limit grows to match.
+WHOLE_RUNS = 3 * PROMPTLY
+pytestmark = pytest.mark.timeout(480)
+
+
 def wait_for_line(run_id: str, line: str) -> None:
     run = find_cluster_run(run_id)
     deadline = time.monotonic() + PROMPTLY
@@ -130,7 +137,7 @@ def test_a_killed_driver_s_run_goes_on_and_a_new_kernel_gets_it_and_stops_the_ot
         client,
         setup + "print(runs(ray_address=ADDRESS))\n"
         f"print('result', attach({finite_id!r}, ray_address=ADDRESS))",
-        timeout=PROMPTLY,
+        timeout=WHOLE_RUNS,
     )
     assert attached["reply"]["status"] == "ok", attached["text"]
     assert f"{endless_id}  running" in attached["text"]
@@ -182,7 +189,7 @@ def test_a_killed_keeper_takes_its_agents_and_the_run_resumes_from_its_checkpoin
         client,
         "try:\n    doomed.result()\nexcept Exception as error:\n    lost = error\n"
         "print(type(lost).__name__, lost.checkpoint)",
-        timeout=PROMPTLY,
+        timeout=WHOLE_RUNS,
     )
     assert "RunLostError" in lost["text"] and "checkpoint_1" in lost["text"], lost["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
@@ -193,7 +200,7 @@ def test_a_killed_keeper_takes_its_agents_and_the_run_resumes_from_its_checkpoin
         " **{**ON_CLUSTER, 'detach': False})\n"
         "print('bit for bit:', torch.equal(weights, reference))\n"
         "resumed.forget()\nrelease_cluster()  # the reference run's warm agents",
-        timeout=PROMPTLY,
+        timeout=WHOLE_RUNS,
     )
     assert "bit for bit: True" in resumed["text"], resumed["text"]
     assert wait_until_nothing_is_left(ray_cluster) == []
