@@ -177,7 +177,7 @@ def _start_local(ray: Any) -> None:
             return
         except Exception as error:
             _end_failed_start(ray, running_before)
-            if attempt < LOCAL_START_ATTEMPTS and _node_missed_registration(error):
+            if attempt < LOCAL_START_ATTEMPTS and node_missed_registration(error):
                 continue  # a fresh start, the first one's processes all ended
             said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
             tried = "" if attempt == 1 else f" ({attempt} tries)"
@@ -192,7 +192,7 @@ def _start_local(ray: Any) -> None:
             ) from error
 
 
-def _node_missed_registration(error: Exception) -> bool:
+def node_missed_registration(error: Exception) -> bool:
     """Ray's start failed only on its fixed 30 s wait for the node to register
     (ray/_private/node.py: not a setting), which a busy machine can miss. It is also
     what Ray says when the node's raylet exited because the dashboard agent had not
