@@ -95,15 +95,10 @@ def notebook_launcher(
 def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None) -> Any:
     """Start the run under a keeper (a process here, or a detached actor of the Ray
     cluster); its view follows it under this cell."""
-    if plan.cluster is not None:
-        from notebook_accel.launch.runs.on_cluster import start_on_cluster
+    from notebook_accel.launch.runs.handle import start
 
-        run = start_on_cluster(plan)
-    else:
-        from notebook_accel.launch.runs.local import start_detached
-
-        # A single worker too runs in a process of its own: the kernel may go away.
-        run = start_detached(dataclasses.replace(plan, single_in_process=False))
+    # A single worker too runs in a process of its own: the kernel may go away.
+    run = start(dataclasses.replace(plan, single_in_process=False))
     extra = list(observers or [])
     if live is None or live:
         from notebook_accel.views.live import WidgetView, live_view

@@ -636,13 +636,9 @@ class LaunchPanel:
 
 def _start_detached(plan: Any) -> Any:
     """Start `plan` under a keeper: a process here, or a detached actor of the cluster."""
-    if plan.cluster is not None:
-        from notebook_accel.launch.runs.on_cluster import start_on_cluster
+    from notebook_accel.launch.runs.handle import start
 
-        return start_on_cluster(plan)
-    from notebook_accel.launch.runs.local import start_detached
-
-    return start_detached(plan)
+    return start(plan)
 
 
 def panel(

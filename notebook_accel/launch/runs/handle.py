@@ -29,6 +29,16 @@ def find(run_id: str | None = None, ray_address: str | None = None) -> DetachedR
     return LocalRun(find_run(run_id))
 
 
+def start(plan: Any) -> DetachedRun:
+    """Start a checked launch plan under a keeper, where it runs: a detached actor of the
+    Ray cluster for a cluster launch, else a process of this machine."""
+    if plan.cluster is not None:
+        from notebook_accel.launch.runs.on_cluster import ClusterRun
+
+        return ClusterRun.start(plan)
+    return LocalRun.start(plan)
+
+
 def resume(run_id: str | None = None, live: bool | None = None) -> DetachedRun:
     """Start a lost, failed or stopped run (the newest, or `run_id`) again, detached, from
     the newest checkpoint it saved (`DetachedRun.resume`); its live view follows it under

@@ -86,6 +86,3 @@ class LocalRun(DetachedRun):
         write_plan(directory, plan)
         start_keeper(directory)
         return cls(directory)
-
-
-start_detached = LocalRun.start

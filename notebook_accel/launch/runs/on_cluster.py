@@ -193,9 +193,6 @@ class ClusterRun(DetachedRun):
         return cls(record, actor, launch)
 
 
-start_on_cluster = ClusterRun.start
-
-
 def cluster_runs(address: str | None = None) -> list[ClusterRun]:
     """This user's detached runs on the cluster (connecting to it first), oldest first."""
     ray = require_ray()
