@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import signal
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -115,6 +118,21 @@ class SuiteScheduling:
 def pytest_configure(config: pytest.Config) -> None:
     if config.pluginmanager.hasplugin("xdist"):
         config.pluginmanager.register(SuiteScheduling(), "suite-scheduling")
+    _own_ray_home(config)
+
+
+def _own_ray_home(config: pytest.Config) -> None:
+    """Ray keeps its files, and the address a plain `ray.init()` joins, under $RAY_TMPDIR
+    (/tmp/ray by default). A directory of this process's own, inherited by the kernels and
+    launches its tests start: the suite's clusters neither overwrite nor, on stopping,
+    delete the address another Ray cluster of this machine wrote there, leave no sessions
+    behind, and need no /tmp/ray (Ray's cluster_utils writes the address file without
+    making its directory: FileNotFoundError on a machine that never ran Ray).
+    Short, as Ray's unix socket paths under it must fit in 107 bytes."""
+    home = Path(tempfile.mkdtemp(prefix="ray-home-", dir="/tmp"))
+    (home / "ray").mkdir()
+    os.environ["RAY_TMPDIR"] = str(home)
+    config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
