@@ -71,20 +71,22 @@ class FreshProcess(PidfdProcess):
 
     def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
         self.name = name
-        self._args = (spec_fd, local_rank, os.getpid(), *pipes.fds())
-        self._fds = (spec_fd, *pipes.fds())
-        self._stdout, self._stderr = pipes.stdout, pipes.stderr
+        self._spec_fd, self._local_rank, self._pipes = spec_fd, local_rank, pipes
         self._popen: subprocess.Popen | None = None
 
     def start(self) -> None:
         """Start the interpreter; only the listed descriptors go with it."""
+        fds = self._pipes.fds()
         self._popen = start_interpreter(
             _BOOTSTRAP,
-            *self._args,
+            self._spec_fd,
+            self._local_rank,
+            os.getpid(),
+            *fds,
             # Errors before the worker's own redirection (a failed import) reach the cell too.
-            stdout=self._stdout,
-            stderr=self._stderr,
-            pass_fds=self._fds,
+            stdout=self._pipes.stdout,
+            stderr=self._pipes.stderr,
+            pass_fds=(self._spec_fd, *fds),
         )
         self.sentinel = os.pidfd_open(self._popen.pid)
 

@@ -65,7 +65,6 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
-import json
 import os
 import pickle
 import select
@@ -80,18 +79,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
-from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
-from notebook_accel.launch.template_messages import (
-    EXIT_SECONDS,
-    MAX_FDS,
-    MESSAGE_BYTES,
-    RECEIVE_FLAGS,
-    receive_message,
-    send_message,
-)
+from notebook_accel.launch.processes import bootstrap, start_interpreter
+from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
 
 # Importing torch in a fresh interpreter takes about 2 s; far longer on a busy machine.
 START_SECONDS = 120.0
@@ -151,30 +142,22 @@ class TemplateStatus:
         return text
 
 
-class TemplateProcess(PidfdProcess):
-    """One worker forked from the template (a `processes.ProcessHandle`).
+class TemplateProcess(FreshProcess):
+    """One worker forked from the template (a `processes.ProcessHandle`); started as a
+    `fresh.FreshProcess` instead, with a TemplateWarning, when no template can be used."""
 
-    Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
-    TemplateWarning) when no template can be used.
-    """
-
-    def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
-        self.name = name
-        self._args = (spec_fd, local_rank, pipes)
-        self._template: _Template | None = None
-        self._fresh: FreshProcess | None = None
-        self._pid: int | None = None
-        self._worker = -1  # its number at the template: pids may be reused, numbers are not
-        self._exitcode: int | None = None
+    _template: _Template | None = None
+    _forked_pid: int | None = None
+    _worker = -1  # its number at the template: pids may be reused, numbers are not
+    _exitcode: int | None = None
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
-        spec_fd, local_rank, pipes = self._args
         context_fd = _kernel_context()
-        fds = [spec_fd, context_fd, *pipes.fds()]
+        fds = [self._spec_fd, context_fd, *self._pipes.fds()]
         try:
-            self._template, self._pid, self.sentinel, self._worker = _fork_from_template(
-                fds, local_rank
+            self._template, self._forked_pid, self.sentinel, self._worker = _fork_from_template(
+                fds, self._local_rank
             )
         except TemplateUnavailable as error:
             warnings.warn(
@@ -183,40 +166,35 @@ class TemplateProcess(PidfdProcess):
                 TemplateWarning,
                 stacklevel=2,
             )
-            self._fresh = FreshProcess(*self._args, name=self.name)
-            self._fresh.start()
-            self.sentinel = self._fresh.sentinel
+            super().start()
         finally:
             os.close(context_fd)
 
     @property
     def pid(self) -> int | None:
         """The worker's process id, once started."""
-        return self._fresh.pid if self._fresh is not None else self._pid
+        return super().pid if self._template is None else self._forked_pid
 
     @property
     def exitcode(self) -> int | None:
         """The exit status once it has exited (minus the signal's number if killed)."""
-        if self._fresh is not None:
-            return self._fresh.exitcode
-        if self._exitcode is None and self._template is not None and self.sentinel >= 0:
-            self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, 0.0)
+        if self._template is None:
+            return super().exitcode
+        self.join(0.0)
         return self._exitcode
 
     def join(self, timeout: float | None = None) -> None:
         """Wait at most `timeout` seconds for it to exit."""
-        if self._fresh is not None:
-            self._fresh.join(timeout)
-        elif self._exitcode is None and self._template is not None and self.sentinel >= 0:
+        if self._template is None:
+            super().join(timeout)
+        elif self._exitcode is None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
 
     def close(self) -> None:
         """Release the sentinel (after it has exited); once."""
-        if self._fresh is not None:
-            self._fresh.close()
-        elif self.sentinel >= 0:
-            super().close()
+        if self._template is not None and self.sentinel >= 0:
             _release(self._template, self._worker)
+        super().close()
 
 
 def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
@@ -231,10 +209,7 @@ def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
     `template_status()` says what it imported and skipped. Every template
     started later imports them too. Returns at once.
     """
-    wanted = {}
-    for item in modules:
-        name, origin = (item, _origin(item)) if isinstance(item, str) else item
-        wanted[name] = origin
+    wanted = dict((item, _origin(item)) if isinstance(item, str) else item for item in modules)
     with _STATE.lock:
         new = {
             name: origin
@@ -327,14 +302,12 @@ atexit.register(shutdown_template)
 def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
     """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
     found dead is replaced once."""
-    for attempt in range(2):
+    try:
         template = _template_for_launch()
-        try:
-            return template, *template.fork(fds, local_rank)
-        except TemplateUnavailable:
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+        return template, *template.fork(fds, local_rank)
+    except TemplateUnavailable:
+        template = _template_for_launch()
+        return template, *template.fork(fds, local_rank)
 
 
 def _template_for_launch() -> _Template:
@@ -380,9 +353,7 @@ def _retire(template: _Template) -> None:
         template.close()
 
 
-def _release(template: _Template | None, worker: int) -> None:
-    if template is None:
-        return
+def _release(template: _Template, worker: int) -> None:
     with _STATE.lock:
         template.forget(worker)
         if template.users == 0 and template in _STATE.retired:
@@ -414,9 +385,7 @@ def _origin(name: str) -> str | None:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin in (None, "built-in", "frozen"):
-        return None
-    return spec.origin
+    return None if spec is None or spec.origin in ("built-in", "frozen") else spec.origin
 
 
 def _start_from_lasting_thread(
@@ -515,7 +484,7 @@ class _Template:
                 if code is None
                 else f"it exited with code {code}"
             )
-            tail = self._stderr_tail()
+            tail = read_all(self._stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
             self.close()
             raise TemplateUnavailable(
                 f"the template process could not start: {why}"
@@ -535,8 +504,7 @@ class _Template:
                 self._sock = None
                 self.gone = True
                 for _, fds in self._answers.values():
-                    for fd in fds:
-                        os.close(fd)
+                    close_all(fds)
                 self._answers.clear()
         if self._popen is not None:
             try:
@@ -567,12 +535,6 @@ class _Template:
             return "the template process had exited"
         return self._retired
 
-    def _stderr_tail(self) -> str:
-        if self._stderr < 0:
-            return ""
-        text = read_all(self._stderr).decode(errors="replace").strip()
-        return text[-_STDERR_TAIL:]
-
     # -- requests ---------------------------------------------------------------
 
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
@@ -584,12 +546,12 @@ class _Template:
                 self.users += 1
                 self.status.workers += 1
             return answer["pid"], received[0], answer["id"]
-        for fd in received:
-            os.close(fd)
+        close_all(received)
         if answer["kind"] == "failed":
             raise OSError(f"the template process could not fork a worker: {answer['error']}")
-        self._retire(answer.get("reason") or "it refused the worker")
-        raise TemplateUnavailable(answer.get("reason") or "it refused the worker")
+        why = answer.get("reason") or "it refused the worker"
+        self._retire(why)
+        raise TemplateUnavailable(why)
 
     def preload(self, modules: dict[str, str | None]) -> None:
         """Send modules to import (in messages of a bounded size)."""
@@ -601,8 +563,7 @@ class _Template:
     def ask(self, message: dict) -> dict:
         """Send a question and return its answer."""
         answer, received = self._request(message, [])
-        for fd in received:
-            os.close(fd)
+        close_all(received)
         return answer
 
     def _request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
@@ -621,7 +582,6 @@ class _Template:
         raise TemplateUnavailable(why)
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
-        data = json.dumps(message).encode()
         deadline = time.monotonic() + ANSWER_SECONDS
         with self._send_lock:
             while True:
@@ -629,7 +589,7 @@ class _Template:
                 if sock is None or self.gone:
                     raise TemplateUnavailable("the template process exited")
                 try:
-                    send_message(sock, [data], list(fds), socket.MSG_DONTWAIT)
+                    send(sock, message, fds, socket.MSG_DONTWAIT)
                     return
                 except BlockingIOError:  # its buffer is full: it is busy importing
                     remaining = deadline - time.monotonic()
@@ -712,21 +672,12 @@ class _Template:
         if sock is None:
             self.gone = True
             return []
-        received = []
         try:
             select.select([sock], [], [], timeout)
-            while True:
-                try:
-                    data, fds, _, _ = receive_message(sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
-                except BlockingIOError:
-                    break
-                if not data:  # it closed its end: it exited
-                    for fd in fds:
-                        os.close(fd)
-                    self.gone = True
-                    break
-                received.append((json.loads(data), fds))
+            received, closed = receive(sock)
         except (OSError, ValueError):  # closed or reset: it is gone
+            received, closed = [], True
+        if closed:  # it exited
             self.gone = True
         return received
 
@@ -736,8 +687,7 @@ class _Template:
         if "id" in message:  # an answer to a request
             self._answers[message["id"]] = (message, fds)
             return
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         status = self.status
         if kind == "exit":
             self._exits[message["worker"]] = message["code"]

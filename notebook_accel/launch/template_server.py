@@ -1,36 +1,23 @@
-"""The template process of start method "forkserver": the side that runs inside it.
+"""The template process of start method "forkserver": the side that runs inside it
+(launch/template.py, the kernel's side, explains the design).
 
-launch/template.py, the kernel's side, explains the design. This process imports
-torch, the workers' code and warm.WORKER_CODE, without ever starting a device
-runtime, says it is ready, then serves the kernel's requests: it forks a worker
-for each "fork" (the child takes the kernel's context and runs
-`fresh.run_shipped`), reaps its workers and sends their exit statuses, answers
-"probe", and imports the modules "preload" asks for, one per turn of its loop
-while no worker runs and what is still queued before the next fork (at most
-PRELOAD_BEFORE_FORK_SECONDS of them). If an import starts a device runtime or
-a thread, it stops warming and refuses further workers.
-
-Started by the kernel in a fresh interpreter whose bootstrap sets the kernel's
-sys.path and calls `template_main` with the socket's descriptor and the
-kernel's pid. It ignores SIGINT and has Linux kill it when the kernel dies.
-
-It ends when the kernel closes the socket (or dies): it kills its workers'
-process groups, reaps them (at most EXIT_SECONDS) and exits; with code 1 and a
-traceback on stderr, which the kernel reads back, if it failed.
+It imports torch and warm.WORKER_CODE, says it is ready, then serves the kernel's
+requests ("fork", "probe", "preload"); it imports what "preload" asks for one
+module per turn of its loop while no worker runs, and before a fork for at most
+PRELOAD_BEFORE_FORK_SECONDS. It ends with the kernel's end of the socket, ending its
+workers (reaped for at most EXIT_SECONDS); if it failed, with code 1 and a traceback
+on stderr, which the kernel reads back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
 import pickle
 import select
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from dataclasses import fields
@@ -39,23 +26,18 @@ from typing import Any, NoReturn
 from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.fresh import read_all, run_shipped
 from notebook_accel.launch.processes import ChildProcess, die_with_parent, end_processes
-from notebook_accel.launch.template_messages import (
-    EXIT_SECONDS,
-    MAX_FDS,
-    MESSAGE_BYTES,
-    RECEIVE_FLAGS,
-    receive_message,
-    send_message,
+from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
+from notebook_accel.launch.warm import (
+    MAX_REASON,
+    WORKER_CODE,
+    choose,
+    device_problem,
+    import_refusing_devices,
 )
-from notebook_accel.launch.warm import WORKER_CODE, device_problem
 
 # How long a launch's first worker may wait for queued modules to be imported
 # (the rest follow between launches).
 PRELOAD_BEFORE_FORK_SECONDS = 20.0
-# Imported before the template says it is ready, so that every worker starts with
-# them; a failure only means workers import them themselves.
-
-_MAX_REASON = 200
 
 
 class _KernelGone(Exception):
@@ -102,10 +84,8 @@ class _Server:
             self._send({"kind": "unusable", "reason": problem})
             return
         self._send({"kind": "ready", "pid": self.pid})
-        try:
+        with contextlib.suppress(_KernelGone):
             self._serve()
-        except _KernelGone:
-            pass
         self._end_children()
 
     def _start(self) -> str | None:
@@ -136,30 +116,22 @@ class _Server:
                 self._import(self.queue.pop(0))
 
     def _take_requests(self) -> None:
-        while True:
-            try:
-                data, fds, _, _ = receive_message(self.sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
-            except BlockingIOError:
-                return
-            except OSError as error:
-                raise _KernelGone from error
-            if not data:
-                raise _KernelGone
-            message = json.loads(data)
-            kind = message["kind"]
-            if kind == "fork":
+        received, closed = receive(self.sock)
+        for message, fds in received:
+            if message["kind"] == "fork":
                 self._fork(message, fds)
                 continue
-            for fd in fds:
-                os.close(fd)
-            if kind == "preload":
+            close_all(fds)
+            if message["kind"] == "preload":
                 self._queue(message["modules"])
-            elif kind == "probe":
+            elif message["kind"] == "probe":
                 self._send(self._probe(message))
+        if closed:
+            raise _KernelGone
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
         try:
-            send_message(self.sock, [json.dumps(message).encode()], list(fds))
+            send(self.sock, message, fds)
         except OSError as error:
             raise _KernelGone from error
 
@@ -171,16 +143,14 @@ class _Server:
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
         if self.stopped is not None or len(fds) != 2 + len(fields(WorkerPipes)):
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             reason = self.stopped or f"a request came with {len(fds)} descriptors"
             self._send({"kind": "refused", "id": message["id"], "reason": reason})
             return
         try:
             pid = os.fork()
         except OSError as error:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             self._send({"kind": "failed", "id": message["id"], "error": str(error)})
             return
         if pid == 0:
@@ -189,8 +159,7 @@ class _Server:
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         child = ChildProcess(pid)
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         self.children[child.sentinel] = (child, message["id"])
         # Its pidfd is the kernel's sentinel too.
         self._send({"kind": "forked", "id": message["id"], "pid": pid}, [child.sentinel])
@@ -229,8 +198,6 @@ class _Server:
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:
             return
-        from notebook_accel.launch.warm import choose
-
         try:
             names, skipped = choose(modules)
         except Exception as error:  # noqa: BLE001 - only the workers' speed depends on it
@@ -247,17 +214,11 @@ class _Server:
         if name in sys.modules:
             return
         before, started = len(sys.modules), time.perf_counter()
-        undos = [platform.guard_runtime_start(lambda: True) for platform in self.platforms]
-        try:
-            importlib.import_module(name)
-        except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
-            reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
-            self.failed[name] = reason
-            self._send({"kind": "skipped", "modules": {name: reason}})
+        failed = import_refusing_devices(name, self.platforms, lambda: True)
+        if failed is not None:
+            self.failed[name] = failed
+            self._send({"kind": "skipped", "modules": {name: failed}})
             return
-        finally:
-            for undo in undos:
-                undo()
         seconds, imported = time.perf_counter() - started, len(sys.modules) - before
         self._send({"kind": "warmed", "module": name, "seconds": seconds, "imported": imported})
         problem = device_problem(self.platforms)
@@ -266,7 +227,7 @@ class _Server:
         elif _thread_count() > self.threads:
             problem = "started a thread, which forked workers would lack"
         if problem is not None:
-            self.stopped = f"importing {name} {problem}"[:_MAX_REASON]
+            self.stopped = f"importing {name} {problem}"[:MAX_REASON]
             self.queue.clear()
             self._send({"kind": "stopped", "module": name, "reason": self.stopped})
 
@@ -300,7 +261,4 @@ def _take_kernel_context(fd: int) -> None:
 
 
 def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+    return len(os.listdir("/proc/self/task"))

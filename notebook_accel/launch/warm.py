@@ -71,7 +71,8 @@ KNOWN_HEAVY = ("torch._dynamo",)
 # The notebook's own code, which runs where it is called and nowhere else.
 _NOTEBOOK_MODULES = ("__main__", "__mp_main__")
 
-_MAX_REASON = 200
+# The longest reason warming gives for a module.
+MAX_REASON = 200
 
 
 def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
@@ -189,7 +190,7 @@ class RunWarmer:
             warming.finish("off")
 
     def _stop(self, problem: str) -> None:
-        self.warming.problem = problem[:_MAX_REASON]
+        self.warming.problem = problem[:MAX_REASON]
         _forget(self.warming)
         self.warming.finish("stopped")
 
@@ -225,7 +226,7 @@ def _import_next(credit: Warming) -> bool:
                 _finish_queued(warming, "done")
     if problem is not None:
         _PROCESS.stopped = f"importing {name} started a device runtime: {problem}"
-        credit.problem = _PROCESS.stopped[:_MAX_REASON]
+        credit.problem = _PROCESS.stopped[:MAX_REASON]
         for warming in [credit, *queued]:
             _forget(warming)
             warming.problem = credit.problem
@@ -396,25 +397,29 @@ def _import_guarded(name: str, warming: Warming) -> str | None:
     platforms = list(PLATFORMS.values())
     unclean_before = device_problem(platforms)
     me = threading.get_ident()
-    undos = [p.guard_runtime_start(lambda: threading.get_ident() == me) for p in platforms]
-    try:
-        importlib.import_module(name)
-    except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
-        reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
-        _PROCESS.failed[name] = warming.skipped[name] = reason
+    failed = import_refusing_devices(name, platforms, lambda: threading.get_ident() == me)
+    if failed is not None:
+        _PROCESS.failed[name] = warming.skipped[name] = failed
         return None
-    finally:
-        for undo in undos:
-            undo()
     warming.modules.append(name)
     problem = device_problem(platforms)
     return problem if unclean_before is None else None
 
 
+def import_refusing_devices(name: str, platforms: list, refuse: Callable[[], bool]) -> str | None:
+    """Import `name` while `refuse()` makes starting any of `platforms`' device runtimes
+    raise (the template imports with it too); why the import failed, or None."""
+    undos = [platform.guard_runtime_start(refuse) for platform in platforms]
+    try:
+        importlib.import_module(name)
+    except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
+        return f"import failed: {type(error).__name__}: {error}"[:MAX_REASON]
+    finally:
+        for undo in undos:
+            undo()
+    return None
+
+
 def device_problem(platforms: list) -> str | None:
     """The first of `platforms`' reasons a fork would be unsafe now, if any."""
-    for platform in platforms:
-        problem = platform.fork_problem()
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (platform.fork_problem() for platform in platforms)), None)
