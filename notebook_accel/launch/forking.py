@@ -218,27 +218,12 @@ def _janitor_main(read: int) -> None:  # pragma: no cover - runs in the forked j
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is the launcher's
         os.setpgid(0, 0)  # a kill of the kernel's process group must leave it to clean up
         os.closerange(3, read)
-        os.closerange(read + 1, _max_fd())
+        os.closerange(read + 1, os.sysconf("SC_OPEN_MAX"))
         groups: set[int] = set()
         frames = ChannelReader(rank=-1)  # the workers' link framing: lists of groups
-        while data := _read(read):
+        while data := os.read(read, 4096):  # PEP 475: a signal never cuts it short
             groups.update(frames.feed(data))
         for pgid in groups:
             kill_group(pgid, signal.SIGKILL)
     finally:
         os._exit(0)
-
-
-def _read(fd: int) -> bytes:  # pragma: no cover - runs in the forked janitor
-    while True:
-        try:
-            return os.read(fd, 4096)
-        except InterruptedError:
-            continue
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 65536

@@ -46,6 +46,7 @@ any cell that did so.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
@@ -85,11 +86,8 @@ def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
     since shifts the cut by one, which at worst names a module this process
     already has.
     """
-    new = max(0, len(sys.modules) - count)
-    found = []
-    for name, module in reversed(list(itertools.islice(reversed(sys.modules.items()), new))):
-        found.append((name, getattr(module, "__file__", None)))
-    return tuple(found)
+    newest = itertools.islice(reversed(sys.modules.items()), max(0, len(sys.modules) - count))
+    return tuple((name, getattr(module, "__file__", None)) for name, module in [*newest][::-1])
 
 
 class RunWarmer:
@@ -125,7 +123,9 @@ class RunWarmer:
         try:
             names, skipped = choose(dict(imported))
         except Exception as error:  # noqa: BLE001 - never fail a run for its warming
-            self._stop(f"{type(error).__name__}: {error}")
+            self.warming.problem = f"{type(error).__name__}: {error}"[:MAX_REASON]
+            _forget(self.warming)
+            self.warming.finish("stopped")
             return
         warming = self.warming
         warming.skipped.update(skipped)
@@ -189,11 +189,6 @@ class RunWarmer:
             )
             warming.finish("off")
 
-    def _stop(self, problem: str) -> None:
-        self.warming.problem = problem[:MAX_REASON]
-        _forget(self.warming)
-        self.warming.finish("stopped")
-
     def _end(self, status: str) -> None:
         if self.warming.status in ("not started", "running", "deferred", "next launch"):
             self.warming.finish(status)
@@ -203,9 +198,7 @@ def _import_next(credit: Warming) -> bool:
     """Import the first module still queued, crediting its time to `credit`; False when
     the queue is empty or warming stopped. The launches whose queues it empties are done.
     """
-    queued = _PROCESS.queued
-    while queued and not queued[0].pending:
-        _finish_queued(queued.pop(0), "done")
+    queued = _PROCESS.queued  # each with something pending
     if not queued or _PROCESS.stopped is not None:
         return False
     name = queued[0].pending[0]
@@ -254,10 +247,18 @@ def _deferred_step() -> None:
 
 
 def _schedule_on_kernel_loop() -> bool:
-    """Have the kernel's event loop import the queue, one module per callback; False
-    outside a kernel."""
-    if not _PROCESS.loop_scheduled:
-        _PROCESS.loop_scheduled = call_on_kernel_loop(_deferred_step)
+    """Have the Jupyter kernel's main-thread event loop import the queue when it is free
+    (between cells), one module per callback; False outside a kernel. Safe from any thread.
+    """
+    if _PROCESS.loop_scheduled or "ipykernel" not in sys.modules:  # never import IPython
+        return _PROCESS.loop_scheduled
+    with contextlib.suppress(Exception):  # a kernel without the loop we know
+        from IPython import get_ipython
+
+        loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
+        if loop is not None:
+            loop.add_callback(_deferred_step)
+            _PROCESS.loop_scheduled = True
     return _PROCESS.loop_scheduled
 
 
@@ -301,23 +302,6 @@ def warm_known(enabled: bool = True) -> Warming:
         warmer.offer((spec.name, spec.origin) for spec in found if spec is not None)
         warmer.finish(interrupted=False)
     return warming
-
-
-def call_on_kernel_loop(callback: Callable[[], None]) -> bool:
-    """Have the Jupyter kernel's main-thread event loop call `callback` when it is
-    free (between cells); False outside a kernel. Safe from any thread."""
-    if "ipykernel" not in sys.modules:  # never import IPython for this
-        return False
-    try:
-        from IPython import get_ipython
-
-        loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
-        if loop is None:
-            return False
-        loop.add_callback(callback)
-    except Exception:  # noqa: BLE001 - a kernel without the loop we know
-        return False
-    return True
 
 
 def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str]]:
