@@ -19,12 +19,6 @@ The file descriptors only the launching process may hold (the read ends of
 the workers' pipes, the rendezvous socket, the janitor's pipe) are listed in
 one registry; every forked child closes them all, so a worker holds its own
 pipes and nothing of another launch's.
-
-A janitor is a tiny process forked before the workers of a launch. The
-launcher sends it each worker's process group down a pipe; when that pipe
-closes (the launch ended, or the launching process died, even by SIGKILL)
-it kills those groups, so nothing a worker started outlives the launch, and
-exits.
 """
 
 from __future__ import annotations
@@ -59,8 +53,7 @@ os.register_at_fork(after_in_child=_new_lock_in_child)
 @contextlib.contextmanager
 def fork_lock() -> Iterator[None]:
     """Hold the process-wide lock that forks and store creation take (re-entrant)."""
-    lock = _FORK_LOCK
-    with lock:
+    with _FORK_LOCK:  # the lock of the moment; a forked child gets a new one
         yield
 
 
@@ -164,11 +157,10 @@ def guarded() -> Iterator[None]:
 
 
 class Janitor:
-    """A process that kills the workers' process groups when the launch ends or dies.
-
-    `start()` forks it (with the fork lock held), `watch(pid)` hands it a
-    worker's group, `close()` tells it to finish and reaps it (bounded).
-    """
+    """A tiny process, forked before a launch's workers, that kills their process groups
+    when the launch ends or the launching process dies (even by SIGKILL): nothing a
+    worker started outlives the launch. Each group goes to it down a pipe; when that pipe
+    closes, it kills them and exits."""
 
     def __init__(self) -> None:
         self.process: ChildProcess | None = None

@@ -14,11 +14,8 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   a forked worker. They are pickled once per launch into an in-memory file
   that every worker reads.
 
-`FreshProcess` is a `processes.ProcessHandle`, as every worker is, so every
-start method shares one supervisor. Start method "forkserver"
-(launch/template.py) forks the workers from one such interpreter, started
-once, instead of starting one per worker; they run the same code from
-`run_shipped` on.
+Start method "forkserver" (launch/template.py) forks the workers from one such
+interpreter, started once; they run the same code from `run_shipped` on.
 """
 
 from __future__ import annotations
@@ -116,12 +113,8 @@ def child_main(argv: list[str]) -> None:
 
 
 def run_shipped(spec_fd: int, local_rank: int, pipes: WorkerPipes, parent_pid: int) -> NoReturn:
-    """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker.
-
-    Shared by workers in fresh interpreters and workers forked from the
-    template (launch/template.py); `parent_pid` is the process whose death
-    must end the worker.
-    """
+    """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker, which
+    dies with `parent_pid` (this interpreter's starter, or the template that forked it)."""
     blob = read_all(spec_fd)
     os.close(spec_fd)
     from notebook_accel.launch.worker import worker_main

@@ -5,57 +5,39 @@ from the kernel cannot use theirs; a fresh interpreter per worker
 (launch/fresh.py, "spawn") works, but imports torch again in every launch
 (about 1.5-2 s). Instead, the first launch that needs it starts one fresh
 interpreter, the template, which imports torch and the worker's code once and
-then forks the workers of this launch and of every later one: only the first
-launch pays for an interpreter's start.
+then forks the workers of this launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
-The kernel talks to it over a Unix socketpair (SOCK_SEQPACKET: one message
-per request, file descriptors passed with it):
+The kernel asks it over a Unix socketpair (launch/template_messages.py) to:
 
-- fork: the worker's descriptors (the spec `fresh.ship` wrote, its
-  WorkerPipes) and an in-memory file with the kernel's current
-  os.environ, working directory, sys.path and torch's CPU random state (a
-  cell may have changed them since the template started; a forked worker
-  would have them). The template forks; the child leads a process group of
-  its own, takes those, and runs what a worker in a fresh interpreter runs
-  (`fresh.run_shipped`), with the template as the parent it dies with. The
-  template answers with the child's pid and a pidfd it opened before it could
-  reap the child (the supervisor's sentinel, free of pid-reuse races), reaps
-  the child when that pidfd becomes readable and sends its exit status, in
-  `Popen.returncode` convention (minus the signal's number when killed).
-  Environment variables that torch reads when it is imported take the value
-  the kernel had when the template started, as in a forked worker.
-- preload: modules to import for the workers (`preload`), filtered as
-  launch/warm.py filters what it imports into the kernel (`warm.choose`), and
-  imported with every device runtime's start refused, between launches and
-  before a launch's first worker is forked (launch/template_server.py says
-  when). If a device runtime started anyway, or a module started a thread (a
-  fork copies a process with only the forking thread), the template stops
-  warming, refuses further workers, and the launch starts a new template.
+- fork: with the worker's descriptors (the spec `fresh.ship` wrote, its
+  WorkerPipes) and an in-memory file with the kernel's current os.environ,
+  working directory, sys.path and torch's CPU random state, which a forked
+  worker would have (variables torch reads when imported keep the value they
+  had when the template started, as in a forked worker). The child leads a
+  process group of its own, takes those, and runs `fresh.run_shipped`, dying
+  with the template. The answer: its pid and a pidfd opened before the
+  template could reap it (the supervisor's sentinel, free of pid-reuse races);
+  its exit status (`Popen.returncode` convention) follows once it is reaped.
+- preload: import modules for the workers (`preload`), filtered as warming
+  filters them (`warm.choose`), with every device runtime's start refused,
+  between launches and before a launch's first fork. If a device runtime
+  started anyway, or a thread (a fork copies only the forking thread), the
+  template stops warming and refuses further workers: the launch starts a new one.
 
-Lifetime: the template exits when its socket closes (`shutdown_template()`,
-registered with atexit, or the kernel's exit), ending any worker it still
-runs. If the kernel dies, even by SIGKILL, Linux kills the template
-(PR_SET_PDEATHSIG, set by the template itself; it is started from a thread
-that lives as long as it does, as that signal follows the thread that started
-a process, not the process), and each worker with it (the same, with the
-template as parent). The launch's janitor (launch/forking.py) still ends
-every worker's process group, whoever forked the worker.
+The template exits, ending its workers, when its socket closes
+(`shutdown_template()`, also at exit, or the kernel's exit). If the kernel
+dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG, set by the
+template itself; it is started from a thread that lives as long as it does, as
+that signal follows the thread that started a process), and its workers with
+it. The launch's janitor (launch/forking.py) still ends every worker's group.
 
 If no template can be used (it cannot start, or a new one fails again right
-after the previous one died), the launch does not fail: its workers start in
-fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
-workers of later launches, without trying again, until `shutdown_template()`.
-
-`TemplateProcess` is a `processes.ProcessHandle`, as `fresh.FreshProcess` is,
-so the supervisor watches both alike. Reading the template's messages is
-shared between threads: several launches, from several threads, use one
-template.
-
-This module is the kernel's side. What runs inside the template is
-launch/template_server.py; both send and receive their messages with
-launch/template_messages.py.
+after the previous one died), the launch does not fail: its workers, and those
+of later launches until `shutdown_template()`, start in fresh interpreters
+("spawn") with a TemplateWarning saying why. Launches from several threads
+share one template.
 """
 
 from __future__ import annotations

@@ -9,26 +9,23 @@ reports the modules it imported that were not imported when it was forked
 its end. This process imports the safe ones, so that the next launch's
 workers start with them.
 
-Where and when: only on the thread that runs the notebook's code, and never
-while a launch is finishing. Two threads importing one package tree are not
-safe in CPython (the per-module locks' deadlock detector hands one of them a
-half-initialised module; seen as sympy and torch._dynamo ImportErrors in a
-cell that built an optimizer right after a launch), and a library may
-register fork hooks while it is imported. An import cannot be cut short
-either (torch._dynamo is one import of about a second), so one begun while
-the workers run could outlast them and lengthen the call. So a launch only
-queues what its workers reported, and the queue is imported:
+Only on the thread that runs the notebook's code, and never while a launch
+is finishing. Two threads importing one package tree are not safe in CPython
+(the per-module locks' deadlock detector hands one of them a half-initialised
+module; seen as sympy and torch._dynamo ImportErrors in a cell that built an
+optimizer right after a launch), and a library may register fork hooks while
+it is imported. An import cannot be cut short either (torch._dynamo is one
+import of about a second): one begun while the workers run could outlast them
+and lengthen the call. So a launch only queues what its workers reported
+(a launch ends as soon as its workers have: bench/warm_launch.py), and the
+queue is imported:
 
 - in a Jupyter kernel, by callbacks of the kernel's event loop, one module
-  each, which run between cells (also for a launch from another thread, such
-  as the panel's Launch button);
+  each, between cells (also for a launch from another thread, such as the
+  panel's Launch button);
 - by the next launch on the main thread, before it starts its workers, for
-  what is still queued (a loop of launches in one cell, a script): that
-  launch's workers then start with it rather than importing it each;
+  what is still queued (a loop of launches in one cell, a script);
 - outside a kernel, from another thread: not at all.
-
-A launch ends as soon as its workers have: the first launch of a fresh
-kernel takes no longer than its workers (bench/warm_launch.py).
 
 Each import holds the fork lock (launch/forking.py), so no launch in another
 thread forks a copy of a half-done import, and a stop press waits until the
@@ -38,10 +35,9 @@ Safe means: part of an installed package (not the notebook, not a file next
 to it), and not under one of a platform's device packages
 (`Platform.device_packages`). While warming imports, a module that would
 start CUDA gets an error instead (`Platform.guard_runtime_start`), and after
-every import the platforms check this process again (the same check a launch
-makes): if a device runtime was started after all, warming stops for the
-rest of the process and says why; the next launch refuses as it would after
-any cell that did so.
+every import the platforms check this process again: if a device runtime was
+started after all, warming stops for the rest of the process and says why;
+the next launch refuses as it would after any cell that did so.
 """
 
 from __future__ import annotations
@@ -91,14 +87,7 @@ def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
 
 
 class RunWarmer:
-    """One launch's warming: takes the workers' reports, imports on the right thread.
-
-    `offer` queues what a worker reported (in the launching thread, as events
-    come); `start` imports, before the workers are started, what earlier
-    launches left queued; `finish` leaves what this launch queued to the kernel's
-    event loop (between cells) or to the next launch. `drain` imports the whole
-    queue at once, where nobody waits on this process (a cluster node's agent).
-    """
+    """One launch's warming: takes the workers' reports, imports on the right thread."""
 
     def __init__(self, warming: Warming, enabled: bool, here: bool | None = None):
         self.warming = warming
@@ -139,12 +128,9 @@ class RunWarmer:
 
     def start(self) -> bool:
         """Import, on the main thread, what earlier launches left queued, so that this
-        launch's workers start with it (they would import it themselves otherwise).
-
-        Returns True if an import started a device runtime after all (warming
-        stopped): this process can then no longer fork device workers. Raises
-        KeyboardInterrupt, once the module being imported is whole, on a stop press.
-        """
+        launch's workers start with it. True if an import started a device runtime after
+        all (warming stopped): this process can then no longer fork device workers. On a
+        stop press, KeyboardInterrupt once the module being imported is whole."""
         if not (self._here and self.active and _PROCESS.queued):
             return False
         try:
@@ -156,19 +142,15 @@ class RunWarmer:
         return self.warming.status == "stopped"
 
     def drain(self) -> None:
-        """Import this launch's queue now (where no notebook waits for this process)."""
+        """Import this launch's queue now, where no notebook waits (a cluster node's agent)."""
         if self._here and self.active:
             while self.warming.pending and _import_next(credit=self.warming):
                 pass
             self._end("done")
 
     def finish(self, interrupted: bool) -> None:
-        """The launch ends: never import here (that would lengthen the call).
-
-        What this launch queued is imported by the Jupyter kernel's event loop
-        between cells, or, outside a kernel, by the next launch on the main
-        thread before it starts its workers.
-        """
+        """The launch ends: leave what it queued to the kernel's event loop, or to the
+        next launch on the main thread; never import here (that would lengthen the call)."""
         warming = self.warming
         if not self.active:
             return
@@ -333,9 +315,11 @@ def _why_not(name: str, origin: str | None) -> str | None:
     if name in _NOTEBOOK_MODULES or name.startswith("__"):
         return "the notebook's own code"
     if origin is None:
-        if name in sys.builtin_module_names:
-            return None
-        return "no file (a namespace package, or a module made at run time)"
+        return (
+            None
+            if name in sys.builtin_module_names
+            else "no file (a namespace package, or a module made at run time)"
+        )
     if not os.path.abspath(origin).startswith(_installed_roots()):
         return "not an installed package (code next to the notebook runs only where it is called)"
     return None
