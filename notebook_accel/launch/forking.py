@@ -11,10 +11,6 @@ and so does every fork; two launches in two threads then never fork while
 the other is inside one of those steps. The lock is re-entrant and is made
 new in a forked child (`os.register_at_fork`), where the copy would be held.
 
-Warm launches import modules in this process (launch/warm.py) under this
-lock too, so that a launch in another thread never forks a copy of a
-half-done import.
-
 The file descriptors only the launching process may hold (the read ends of
 the workers' pipes, the rendezvous socket, the janitor's pipe) are listed in
 one registry; every forked child closes them all, so a worker holds its own

@@ -35,9 +35,6 @@ from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_inter
 _BOOTSTRAP = bootstrap(__name__, "child_main")
 
 
-# -- the kernel's side ------------------------------------------------------------------
-
-
 def ship(spec: Any) -> int:
     """Pickle a WorkerSpec for fresh interpreters into an in-memory file; return its fd.
 
@@ -101,9 +98,6 @@ class FreshProcess(PidfdProcess):
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout)
-
-
-# -- the new interpreter's side ---------------------------------------------------------
 
 
 def child_main(argv: list[str]) -> None:

@@ -429,8 +429,6 @@ class _Template:
         self._reading = False
         self._send_lock = threading.Lock()
 
-    # -- starting and ending -----------------------------------------------------
-
     def start(self) -> None:
         """Start the template and wait until it is ready (bounded)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -517,8 +515,6 @@ class _Template:
             return "the template process had exited"
         return self._retired
 
-    # -- requests ---------------------------------------------------------------
-
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
         when it died or refused (it is then retired), OSError when the fork failed."""
@@ -591,8 +587,6 @@ class _Template:
             if self.status.problem is None:
                 self.status.problem = why
 
-    # -- workers' exits ------------------------------------------------------------
-
     def exitcode_of(self, worker: int, pidfd: int, timeout: float | None) -> int | None:
         """The exit status of the worker numbered `worker`, waiting at most `timeout`
         seconds for it (None: for as long as it takes); None while it runs."""
@@ -618,8 +612,6 @@ class _Template:
     def poll(self) -> None:
         """Read what it has sent so far, without waiting."""
         self._wait_for(lambda: False, 0.0)
-
-    # -- reading its messages --------------------------------------------------------
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         """Read and file its messages until `ready()` (checked under the lock), for

@@ -135,8 +135,6 @@ class _Server:
         except OSError as error:
             raise _KernelGone from error
 
-    # -- workers ------------------------------------------------------------------
-
     def _fork(self, message: dict, fds: list[int]) -> None:
         # What preload() queued first: this launch's workers start with it.
         deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
@@ -192,8 +190,6 @@ class _Server:
     def _end_children(self) -> None:
         """The kernel is gone or shut the template down: its workers go too, at once."""
         end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
-
-    # -- warming ------------------------------------------------------------------
 
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:
