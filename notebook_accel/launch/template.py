@@ -110,18 +110,15 @@ class TemplateStatus:
 
     def summary(self) -> str:
         """One line: which template, what it forked and warmed, and any problem."""
+        problem = f"; {self.problem}" if self.problem else ""
         if self.pid is None:
-            text = "no template process"
-        else:
-            text = (
-                f"template process {self.pid}: started in {self.start_seconds:.2f} s, "
-                f"{self.workers} worker(s) forked, {len(self.warmed)} module(s) warmed "
-                f"({self.imported} imported in {self.warm_seconds:.2f} s), "
-                f"{len(self.skipped)} skipped"
-            )
-        if self.problem:
-            text += f"; {self.problem}"
-        return text
+            return "no template process" + problem
+        return (
+            f"template process {self.pid}: started in {self.start_seconds:.2f} s, "
+            f"{self.workers} worker(s) forked, {len(self.warmed)} module(s) warmed "
+            f"({self.imported} imported in {self.warm_seconds:.2f} s), "
+            f"{len(self.skipped)} skipped{problem}"
+        )
 
 
 class TemplateProcess(FreshProcess):
@@ -180,16 +177,13 @@ class TemplateProcess(FreshProcess):
 
 
 def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
-    """Have the template import `modules`, so that the workers it forks start with them.
+    """Have the template, and every one started later, import `modules` (names, or
+    (name, file) pairs as workers report them), so that the workers it forks start
+    with them; `template_status()` says what it imported and skipped. Returns at once.
 
-    Takes module names, or (name, file) pairs as workers report them
-    (`ModulesImported.modules`). Nothing is imported in this process: a name
-    without a file is looked up here only when that imports nothing (a
-    top-level module, or one whose package is imported here). The template
-    filters them as warming does (launch/warm.py `choose`: no device package,
-    nothing of the notebook's own code) and imports them between launches;
-    `template_status()` says what it imported and skipped. Every template
-    started later imports them too. Returns at once.
+    Nothing is imported in this process: a name without a file is looked up here
+    only when that imports nothing (a top-level module, or one whose package is
+    imported here).
     """
     wanted = dict((item, _origin(item)) if isinstance(item, str) else item for item in modules)
     with _STATE.lock:
@@ -218,25 +212,21 @@ def template_status() -> TemplateStatus:
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
     """Ask the running template about itself; None when none runs (starts nothing).
-
-    Returns its "pid", "cuda_initialized" (torch.cuda.is_initialized() there),
-    "device_problem" (why a fork of it could not use a device, or None),
-    "threads" (its threads), and "imported": which of `modules` it has.
-    """
+    Its "pid", "cuda_initialized" (torch.cuda.is_initialized() there), "device_problem"
+    (why a fork of it could not use a device, or None), "threads" (its threads), and
+    "imported": which of `modules` it has."""
     with _STATE.lock:
         current = _STATE.current
     if current is None or current.gone:
         return None
-    answer = current.ask({"kind": "probe", "modules": list(modules)})
+    answer, received = current.request({"kind": "probe", "modules": list(modules)}, [])
+    close_all(received)
     return {key: value for key, value in answer.items() if key not in ("kind", "id")}
 
 
 def shutdown_template() -> None:
-    """End the template process (and any worker it still runs) and reap it.
-
-    The next launch that needs one starts a new one; the modules `preload`
-    asked for are forgotten. Runs at exit too.
-    """
+    """End the template process (and any worker it still runs) and reap it; also at exit.
+    The next launch that needs one starts a new one; what `preload` asked for is forgotten."""
     with _STATE.lock:
         templates = [t for t in (_STATE.current, *_STATE.retired) if t is not None]
         _STATE.current, _STATE.retired, _STATE.broken, _STATE.replaced = None, [], None, None
@@ -404,12 +394,10 @@ def _start_from_lasting_thread(
 class _Template:
     """The kernel's handle on one template process.
 
-    Messages from the template are read by whichever thread needs one (a
-    launch waiting for a fork's answer, a supervisor asking for an exit
-    status), one reader at a time, the others waiting on a condition: each
-    message is filed (answers by request, exit statuses by worker number) for
-    its waiter.
-    """
+    Its messages are read by whichever thread needs one (a launch waiting for a fork's
+    answer, a supervisor asking for an exit status), one reader at a time, the others
+    waiting on a condition: each message is filed (answers by request, exit statuses
+    by worker number) for its waiter."""
 
     def __init__(self) -> None:
         self.status = TemplateStatus()
@@ -518,7 +506,7 @@ class _Template:
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
         when it died or refused (it is then retired), OSError when the fork failed."""
-        answer, received = self._request({"kind": "fork", "local_rank": local_rank}, fds)
+        answer, received = self.request({"kind": "fork", "local_rank": local_rank}, fds)
         if answer["kind"] == "forked" and len(received) == 1:
             with self._cond:
                 self.users += 1
@@ -538,13 +526,8 @@ class _Template:
             chunk = dict(items[start : start + _MODULES_PER_MESSAGE])
             self._send({"kind": "preload", "modules": chunk})
 
-    def ask(self, message: dict) -> dict:
-        """Send a question and return its answer."""
-        answer, received = self._request(message, [])
-        close_all(received)
-        return answer
-
-    def _request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
+    def request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        """Send `message` with `fds`; its answer, and the descriptors that came with it."""
         request = next(self._ids)
         self._send({**message, "id": request}, fds)
         self._wait_for(lambda: request in self._answers, ANSWER_SECONDS)

@@ -86,7 +86,8 @@ class _Server:
         self._send({"kind": "ready", "pid": self.pid})
         with contextlib.suppress(_KernelGone):
             self._serve()
-        self._end_children()
+        # The kernel is gone or shut the template down: its workers go too, at once.
+        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
 
     def _start(self) -> str | None:
         import torch  # noqa: F401 - every worker imports it: forked, they have it
@@ -186,10 +187,6 @@ class _Server:
         child.join()  # it has exited: returns at once
         child.close()
         self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
-
-    def _end_children(self) -> None:
-        """The kernel is gone or shut the template down: its workers go too, at once."""
-        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
 
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:

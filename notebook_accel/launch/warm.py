@@ -92,9 +92,7 @@ class RunWarmer:
     def __init__(self, warming: Warming, enabled: bool, here: bool | None = None):
         self.warming = warming
         # Whether this thread may import: the main one runs the notebook's code.
-        if here is None:
-            here = threading.current_thread() is threading.main_thread()
-        self._here = here
+        self._here = threading.current_thread() is threading.main_thread() if here is None else here
         if not enabled:
             warming.finish("off")
         elif _PROCESS.stopped is not None:
