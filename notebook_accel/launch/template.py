@@ -289,15 +289,12 @@ def _template_for_launch() -> _Template:
         if current is not None:
             current.poll()
             why = current.unusable()
-            if why is not None:
-                _STATE.replaced = why
-                _retire(current)
-                current = None
-        for template in [t for t in _STATE.retired if t.users == 0]:
-            _STATE.retired.remove(template)
-            template.close()
-        if current is not None:
-            return current
+            if why is not None:  # out of use: it ends once its workers have
+                _STATE.current, _STATE.replaced = None, why
+                _STATE.retired.append(current)
+        _close_unused()
+        if _STATE.current is not None:
+            return _STATE.current
         if _STATE.broken is not None:
             raise TemplateUnavailable(_STATE.broken)
         current = _Template()
@@ -315,22 +312,17 @@ def _template_for_launch() -> _Template:
     return current
 
 
-def _retire(template: _Template) -> None:
-    """Take `template` out of use (call with the lock held); it ends once its workers have."""
-    if _STATE.current is template:
-        _STATE.current = None
-    if template.users:
-        _STATE.retired.append(template)
-    else:
-        template.close()
-
-
 def _release(template: _Template, worker: int) -> None:
     with _STATE.lock:
         template.forget(worker)
-        if template.users == 0 and template in _STATE.retired:
-            _STATE.retired.remove(template)
-            template.close()
+        _close_unused()
+
+
+def _close_unused() -> None:
+    """Close the retired templates whose workers have all ended (call with the lock held)."""
+    for template in [t for t in _STATE.retired if t.users == 0]:
+        _STATE.retired.remove(template)
+        template.close()
 
 
 def _kernel_context() -> int:

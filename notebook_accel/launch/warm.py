@@ -368,8 +368,7 @@ def _import_guarded(name: str, warming: Warming) -> str | None:
         _PROCESS.failed[name] = warming.skipped[name] = failed
         return None
     warming.modules.append(name)
-    problem = device_problem(platforms)
-    return problem if unclean_before is None else None
+    return device_problem(platforms) if unclean_before is None else None
 
 
 def import_refusing_devices(name: str, platforms: list, refuse: Callable[[], bool]) -> str | None:
