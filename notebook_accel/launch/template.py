@@ -43,6 +43,7 @@ share one template.
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib.util
@@ -361,26 +362,23 @@ def _start_from_lasting_thread(
     ends, not its process: started from a launch's own thread (the panel's), the
     template would be killed when that launch ends.
     """
-    release, done = threading.Event(), threading.Event()
-    outcome: list[Any] = []
+    started: concurrent.futures.Future[subprocess.Popen] = concurrent.futures.Future()
+    release = threading.Event()
 
     def run() -> None:
         try:
-            outcome.append(start())
+            started.set_result(start())
         except BaseException as error:  # noqa: BLE001 - handed to the caller
-            outcome.append(error)
-        finally:
-            done.set()
+            started.set_exception(error)
         release.wait()
 
     threading.Thread(target=run, name="notebook_accel-template-parent", daemon=True).start()
-    if not done.wait(START_SECONDS):
+    try:
+        return started.result(START_SECONDS), release
+    except Exception as error:
         release.set()
-        raise TemplateUnavailable("its interpreter could not be started")
-    if isinstance(outcome[0], BaseException):
-        release.set()
-        raise TemplateUnavailable(f"its interpreter could not be started: {outcome[0]}")
-    return outcome[0], release
+        why = "" if isinstance(error, concurrent.futures.TimeoutError) else f": {error}"
+        raise TemplateUnavailable(f"its interpreter could not be started{why}") from None
 
 
 class _Template:
