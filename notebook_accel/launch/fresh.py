@@ -32,16 +32,13 @@ from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.packing import pack
 from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
-_BOOTSTRAP = bootstrap(__name__, "child_main")
+_BOOTSTRAP = bootstrap(__name__, "run_shipped")
 
 
 def ship(spec: Any) -> int:
     """Pickle a WorkerSpec for fresh interpreters into an in-memory file; return its fd.
-
-    The user's function and arguments are pickled by value, inside the spec
-    (`spec.shipped`), and unpacked by each worker after its environment is
-    set, so GPU tensors land on the device that worker uses.
-    """
+    The user's function and arguments go by value inside it (`spec.shipped`), unpacked
+    by each worker once its environment is set: GPU tensors land on that worker's device."""
     shipped = pack(spec.function, spec.args, spec.kwargs)
     outer = dataclasses.replace(spec, function=None, args=(), kwargs={}, shipped=shipped)
     return in_memory_file("notebook_accel-worker-spec", cloudpickle.dumps(outer, protocol=5))
@@ -100,21 +97,16 @@ class FreshProcess(PidfdProcess):
                 self._popen.wait(timeout)
 
 
-def child_main(argv: list[str]) -> None:
-    """Read the spec the kernel shipped, then run as any worker does (never returns)."""
+def run_shipped(argv: list[int] | list[str]) -> NoReturn:
+    """Run a worker: `argv` holds the descriptor of the spec `ship` wrote (closed once
+    read), its local rank, the process it dies with (this interpreter's starter, or the
+    template that forked it), and the descriptors of its WorkerPipes."""
     spec_fd, local_rank, parent_pid, *pipes = map(int, argv)
-    run_shipped(spec_fd, local_rank, WorkerPipes(*pipes), parent_pid)
-
-
-def run_shipped(spec_fd: int, local_rank: int, pipes: WorkerPipes, parent_pid: int) -> NoReturn:
-    """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker, which
-    dies with `parent_pid` (this interpreter's starter, or the template that forked it)."""
     blob = read_all(spec_fd)
     os.close(spec_fd)
     from notebook_accel.launch.worker import worker_main
 
-    spec = cloudpickle.loads(blob)
-    worker_main(spec, local_rank, pipes, [], parent_pid)
+    worker_main(cloudpickle.loads(blob), local_rank, WorkerPipes(*pipes), [], parent_pid)
 
 
 def read_all(fd: int) -> bytes:

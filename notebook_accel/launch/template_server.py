@@ -46,9 +46,7 @@ class _KernelGone(Exception):
 
 def template_main(argv: list[str]) -> NoReturn:
     """The template process: import what workers need, then fork them on request.
-
-    `argv`: the socket's descriptor and the kernel's pid. Never returns.
-    """
+    `argv`: the socket's descriptor and the kernel's pid. Never returns."""
     sock_fd, kernel_pid = int(argv[0]), int(argv[1])
     code = 0
     try:
@@ -173,10 +171,9 @@ class _Server:
             os.dup2(pipes.stdout, 1)
             os.dup2(pipes.stderr, 2)
             self.sock.close()
-            for sentinel in self.children:
-                os.close(sentinel)
+            close_all(self.children)
             _take_kernel_context(context_fd)
-            run_shipped(spec_fd, local_rank, pipes, self.pid)
+            run_shipped([spec_fd, local_rank, self.pid, *pipe_fds])
         except BaseException:  # noqa: BLE001 - to the worker's stderr, which the cell shows
             traceback.print_exc()
         finally:

@@ -285,10 +285,8 @@ def warm_known(enabled: bool = True) -> Warming:
 
 
 def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str]]:
-    """Which of `imported` (name -> file) to import here, and why the others are not.
-
-    Decided from names and files alone, before anything is imported.
-    """
+    """Which of `imported` (name -> file) to import here, and why the others are not:
+    decided from names and files alone, before anything is imported."""
     from notebook_accel.platforms.registry import known_device_packages
 
     devices = known_device_packages()
