@@ -79,11 +79,8 @@ class FreshProcess(PidfdProcess):
             stderr=self._pipes.stderr,
             pass_fds=(self._spec_fd, *fds),
         )
-        self.sentinel = os.pidfd_open(self._popen.pid)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._popen is None else self._popen.pid
+        self.pid = self._popen.pid
+        self.sentinel = os.pidfd_open(self.pid)
 
     @property
     def exitcode(self) -> int | None:

@@ -1,11 +1,10 @@
 """Workers forked from a clean template process, for a kernel that can no longer fork them.
 
-Start method "forkserver". Once a cell has touched a GPU, workers forked
-from the kernel cannot use theirs; a fresh interpreter per worker
-(launch/fresh.py, "spawn") works, but imports torch again in every launch
-(about 1.5-2 s). Instead, the first launch that needs it starts one fresh
-interpreter, the template, which imports torch and the worker's code once and
-then forks the workers of this launch and of every later one.
+Start method "forkserver": rather than a fresh interpreter per worker ("spawn",
+launch/fresh.py), which imports torch again in every launch (about 1.5-2 s), the
+first launch that needs it starts one fresh interpreter, the template, which
+imports torch and the worker's code once and then forks the workers of this
+launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
@@ -127,7 +126,6 @@ class TemplateProcess(FreshProcess):
     `fresh.FreshProcess` instead, with a TemplateWarning, when no template can be used."""
 
     _template: _Template | None = None
-    _forked_pid: int | None = None
     _worker = -1  # its number at the template: pids may be reused, numbers are not
     _exitcode: int | None = None
 
@@ -136,7 +134,7 @@ class TemplateProcess(FreshProcess):
         context_fd = _kernel_context()
         fds = [self._spec_fd, context_fd, *self._pipes.fds()]
         try:
-            self._template, self._forked_pid, self.sentinel, self._worker = _fork_from_template(
+            self._template, self.pid, self.sentinel, self._worker = _fork_from_template(
                 fds, self._local_rank
             )
         except TemplateUnavailable as error:
@@ -149,11 +147,6 @@ class TemplateProcess(FreshProcess):
             super().start()
         finally:
             os.close(context_fd)
-
-    @property
-    def pid(self) -> int | None:
-        """The worker's process id, once started."""
-        return super().pid if self._template is None else self._forked_pid
 
     @property
     def exitcode(self) -> int | None:
@@ -353,21 +346,21 @@ def _origin(name: str) -> str | None:
     return None if spec is None or spec.origin in ("built-in", "frozen") else spec.origin
 
 
-def _start_from_lasting_thread(
-    start: Callable[[], subprocess.Popen],
-) -> tuple[subprocess.Popen, threading.Event]:
-    """`start()` from a thread that lasts until the returned event is set.
-
-    Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
-    ends, not its process: started from a launch's own thread (the panel's), the
-    template would be killed when that launch ends.
-    """
+def _start_from_lasting_thread(sock: int, stderr: int) -> tuple[subprocess.Popen, threading.Event]:
+    """Start the template's interpreter from a thread that lasts until the returned event
+    is set: Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
+    ends, not its process; started from a launch's own thread (the panel's), the template
+    would be killed when that launch ends."""
     started: concurrent.futures.Future[subprocess.Popen] = concurrent.futures.Future()
     release = threading.Event()
 
     def run() -> None:
         try:
-            started.set_result(start())
+            kernel = os.getpid()  # which it dies with
+            popen = start_interpreter(
+                _BOOTSTRAP, sock, kernel, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(sock,)
+            )
+            started.set_result(popen)
         except BaseException as error:  # noqa: BLE001 - handed to the caller
             started.set_exception(error)
         release.wait()
@@ -416,16 +409,7 @@ class _Template:
         self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
         started = time.perf_counter()
         try:
-            self._popen, self._release = _start_from_lasting_thread(
-                lambda: start_interpreter(
-                    _BOOTSTRAP,
-                    theirs.fileno(),
-                    os.getpid(),  # the kernel, which it dies with
-                    stdout=subprocess.DEVNULL,
-                    stderr=self._stderr,
-                    pass_fds=(theirs.fileno(),),
-                )
-            )
+            self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), self._stderr)
         except TemplateUnavailable:
             self.close()
             raise
@@ -433,10 +417,9 @@ class _Template:
             theirs.close()
         self.status.pid = self._popen.pid
         if not self._wait_for(lambda: self._ready, START_SECONDS):
-            try:  # its socket closes a moment before it can be reaped
+            code = None
+            with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
                 code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
-            except subprocess.TimeoutExpired:
-                code = None
             why = self._unusable or (
                 f"it was not ready within {START_SECONDS:.0f} s"
                 if code is None
