@@ -76,18 +76,8 @@ class _Server:
         self.threads = 0
 
     def run(self) -> None:
-        """Start, say so, serve until the kernel closes the socket, end the workers."""
-        problem = self._start()
-        if problem is not None:
-            self._send({"kind": "unusable", "reason": problem})
-            return
-        self._send({"kind": "ready", "pid": self.pid})
-        with contextlib.suppress(_KernelGone):
-            self._serve()
-        # The kernel is gone or shut the template down: its workers go too, at once.
-        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
-
-    def _start(self) -> str | None:
+        """Import what workers need, say so, serve until the kernel closes the socket,
+        end the workers."""
         import torch  # noqa: F401 - every worker imports it: forked, they have it
 
         import notebook_accel.launch.worker  # noqa: F401 - the workers' own code
@@ -96,11 +86,19 @@ class _Server:
         self.platforms = list(PLATFORMS.values())
         problem = device_problem(self.platforms)
         if problem is not None:
-            return f"importing torch started a device runtime: {problem}"
-        self.threads = _thread_count()
-        for name in WORKER_CODE:
-            self._import(name)
-        return self.stopped
+            self.stopped = f"importing torch started a device runtime: {problem}"
+        else:
+            self.threads = _thread_count()
+            for name in WORKER_CODE:
+                self._import(name)
+        if self.stopped is not None:
+            self._send({"kind": "unusable", "reason": self.stopped})
+            return
+        self._send({"kind": "ready", "pid": self.pid})
+        with contextlib.suppress(_KernelGone):
+            self._serve()
+        # The kernel is gone or shut the template down: its workers go too, at once.
+        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
 
     def _serve(self) -> None:
         while True:

@@ -214,9 +214,8 @@ def _deferred_step() -> None:
     _PROCESS.loop_scheduled = False
     if not _PROCESS.queued:
         return
-    owner = _PROCESS.queued[0]
     try:
-        more = _import_next(credit=owner)
+        more = _import_next(credit=_PROCESS.queued[0])
     except KeyboardInterrupt:
         for warming in list(_PROCESS.queued):
             _forget(warming)
