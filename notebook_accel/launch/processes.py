@@ -216,9 +216,8 @@ def start_detached(target: str, args: list[str], log: IO[bytes], seconds: float)
     came while it imported) in a new session, as nobody's child: a new interpreter
     forks it and exits. Its output goes to `log`. Its pid; None if it did not start
     within `seconds` (`log` says why)."""
-    code = bootstrap(__name__, "_detach")
     first = start_interpreter(
-        code,
+        bootstrap(__name__, "_detach"),
         target,
         *args,
         stdout=subprocess.PIPE,
