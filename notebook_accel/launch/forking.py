@@ -11,20 +11,10 @@ and so does every fork; two launches in two threads then never fork while
 the other is inside one of those steps. The lock is re-entrant and is made
 new in a forked child (`os.register_at_fork`), where the copy would be held.
 
-Warm launches import modules in this process (launch/warm.py) under this
-lock too, so that a launch in another thread never forks a copy of a
-half-done import.
-
 The file descriptors only the launching process may hold (the read ends of
 the workers' pipes, the rendezvous socket, the janitor's pipe) are listed in
 one registry; every forked child closes them all, so a worker holds its own
 pipes and nothing of another launch's.
-
-A janitor is a tiny process forked before the workers of a launch. The
-launcher sends it each worker's process group down a pipe; when that pipe
-closes (the launch ended, or the launching process died, even by SIGKILL)
-it kills those groups, so nothing a worker started outlives the launch, and
-exits.
 """
 
 from __future__ import annotations
@@ -59,8 +49,7 @@ os.register_at_fork(after_in_child=_new_lock_in_child)
 @contextlib.contextmanager
 def fork_lock() -> Iterator[None]:
     """Hold the process-wide lock that forks and store creation take (re-entrant)."""
-    lock = _FORK_LOCK
-    with lock:
+    with _FORK_LOCK:  # the lock of the moment; a forked child gets a new one
         yield
 
 
@@ -164,11 +153,10 @@ def guarded() -> Iterator[None]:
 
 
 class Janitor:
-    """A process that kills the workers' process groups when the launch ends or dies.
-
-    `start()` forks it (with the fork lock held), `watch(pid)` hands it a
-    worker's group, `close()` tells it to finish and reaps it (bounded).
-    """
+    """A tiny process, forked before a launch's workers, that kills their process groups
+    when the launch ends or the launching process dies (even by SIGKILL): nothing a
+    worker started outlives the launch. Each group goes to it down a pipe; when that pipe
+    closes, it kills them and exits."""
 
     def __init__(self) -> None:
         self.process: ChildProcess | None = None
@@ -218,27 +206,12 @@ def _janitor_main(read: int) -> None:  # pragma: no cover - runs in the forked j
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the stop button is the launcher's
         os.setpgid(0, 0)  # a kill of the kernel's process group must leave it to clean up
         os.closerange(3, read)
-        os.closerange(read + 1, _max_fd())
+        os.closerange(read + 1, os.sysconf("SC_OPEN_MAX"))
         groups: set[int] = set()
         frames = ChannelReader(rank=-1)  # the workers' link framing: lists of groups
-        while data := _read(read):
+        while data := os.read(read, 4096):  # PEP 475: a signal never cuts it short
             groups.update(frames.feed(data))
         for pgid in groups:
             kill_group(pgid, signal.SIGKILL)
     finally:
         os._exit(0)
-
-
-def _read(fd: int) -> bytes:  # pragma: no cover - runs in the forked janitor
-    while True:
-        try:
-            return os.read(fd, 4096)
-        except InterruptedError:
-            continue
-
-
-def _max_fd() -> int:
-    try:
-        return os.sysconf("SC_OPEN_MAX")
-    except (ValueError, OSError):
-        return 65536

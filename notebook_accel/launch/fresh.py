@@ -14,11 +14,8 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
   a forked worker. They are pickled once per launch into an in-memory file
   that every worker reads.
 
-`FreshProcess` is a `processes.ProcessHandle`, as every worker is, so every
-start method shares one supervisor. Start method "forkserver"
-(launch/template.py) forks the workers from one such interpreter, started
-once, instead of starting one per worker; they run the same code from
-`run_shipped` on.
+Start method "forkserver" (launch/template.py) forks the workers from one such
+interpreter, started once; they run the same code from `run_shipped` on.
 """
 
 from __future__ import annotations
@@ -35,19 +32,13 @@ from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.packing import pack
 from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
-_BOOTSTRAP = bootstrap(__name__, "child_main")
-
-
-# -- the kernel's side ------------------------------------------------------------------
+_BOOTSTRAP = bootstrap(__name__, "run_shipped")
 
 
 def ship(spec: Any) -> int:
     """Pickle a WorkerSpec for fresh interpreters into an in-memory file; return its fd.
-
-    The user's function and arguments are pickled by value, inside the spec
-    (`spec.shipped`), and unpacked by each worker after its environment is
-    set, so GPU tensors land on the device that worker uses.
-    """
+    The user's function and arguments go by value inside it (`spec.shipped`), unpacked
+    by each worker once its environment is set: GPU tensors land on that worker's device."""
     shipped = pack(spec.function, spec.args, spec.kwargs)
     outer = dataclasses.replace(spec, function=None, args=(), kwargs={}, shipped=shipped)
     return in_memory_file("notebook_accel-worker-spec", cloudpickle.dumps(outer, protocol=5))
@@ -71,26 +62,25 @@ class FreshProcess(PidfdProcess):
 
     def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
         self.name = name
-        self._args = (spec_fd, local_rank, os.getpid(), *pipes.fds())
-        self._fds = (spec_fd, *pipes.fds())
-        self._stdout, self._stderr = pipes.stdout, pipes.stderr
+        self._spec_fd, self._local_rank, self._pipes = spec_fd, local_rank, pipes
         self._popen: subprocess.Popen | None = None
 
     def start(self) -> None:
         """Start the interpreter; only the listed descriptors go with it."""
+        fds = self._pipes.fds()
         self._popen = start_interpreter(
             _BOOTSTRAP,
-            *self._args,
+            self._spec_fd,
+            self._local_rank,
+            os.getpid(),
+            *fds,
             # Errors before the worker's own redirection (a failed import) reach the cell too.
-            stdout=self._stdout,
-            stderr=self._stderr,
-            pass_fds=self._fds,
+            stdout=self._pipes.stdout,
+            stderr=self._pipes.stderr,
+            pass_fds=(self._spec_fd, *fds),
         )
-        self.sentinel = os.pidfd_open(self._popen.pid)
-
-    @property
-    def pid(self) -> int | None:
-        return None if self._popen is None else self._popen.pid
+        self.pid = self._popen.pid
+        self.sentinel = os.pidfd_open(self.pid)
 
     @property
     def exitcode(self) -> int | None:
@@ -104,28 +94,16 @@ class FreshProcess(PidfdProcess):
                 self._popen.wait(timeout)
 
 
-# -- the new interpreter's side ---------------------------------------------------------
-
-
-def child_main(argv: list[str]) -> None:
-    """Read the spec the kernel shipped, then run as any worker does (never returns)."""
+def run_shipped(argv: list[int] | list[str]) -> NoReturn:
+    """Run a worker: `argv` holds the descriptor of the spec `ship` wrote (closed once
+    read), its local rank, the process it dies with (this interpreter's starter, or the
+    template that forked it), and the descriptors of its WorkerPipes."""
     spec_fd, local_rank, parent_pid, *pipes = map(int, argv)
-    run_shipped(spec_fd, local_rank, WorkerPipes(*pipes), parent_pid)
-
-
-def run_shipped(spec_fd: int, local_rank: int, pipes: WorkerPipes, parent_pid: int) -> NoReturn:
-    """Read the spec `ship` wrote to `spec_fd` (and close it), then run the worker.
-
-    Shared by workers in fresh interpreters and workers forked from the
-    template (launch/template.py); `parent_pid` is the process whose death
-    must end the worker.
-    """
     blob = read_all(spec_fd)
     os.close(spec_fd)
     from notebook_accel.launch.worker import worker_main
 
-    spec = cloudpickle.loads(blob)
-    worker_main(spec, local_rank, pipes, [], parent_pid)
+    worker_main(cloudpickle.loads(blob), local_rank, WorkerPipes(*pipes), [], parent_pid)
 
 
 def read_all(fd: int) -> bytes:

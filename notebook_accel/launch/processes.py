@@ -3,9 +3,8 @@
 However a process is started (forked by multiprocessing, a fresh interpreter, a
 fork of the template, a bare `os.fork`), the launcher holds a `ProcessHandle`,
 and `end_processes` ends any of them alike: SIGTERM, a grace period, SIGKILL, a
-bounded wait, as torch.distributed.elastic's process contexts do. Written here
-once: the bootstrap of a fresh interpreter, the parent-death signal, and the
-start of a process that is nobody's child (a detached run's keeper).
+bounded wait, as torch.distributed.elastic's process contexts do. Also the
+bootstrap of a fresh interpreter, and the start of a process that is nobody's child.
 """
 
 from __future__ import annotations
@@ -217,9 +216,8 @@ def start_detached(target: str, args: list[str], log: IO[bytes], seconds: float)
     came while it imported) in a new session, as nobody's child: a new interpreter
     forks it and exits. Its output goes to `log`. Its pid; None if it did not start
     within `seconds` (`log` says why)."""
-    code = bootstrap(__name__, "_detach")
     first = start_interpreter(
-        code,
+        bootstrap(__name__, "_detach"),
         target,
         *args,
         stdout=subprocess.PIPE,

@@ -1,71 +1,52 @@
 """Workers forked from a clean template process, for a kernel that can no longer fork them.
 
-Start method "forkserver". Once a cell has touched a GPU, workers forked
-from the kernel cannot use theirs; a fresh interpreter per worker
-(launch/fresh.py, "spawn") works, but imports torch again in every launch
-(about 1.5-2 s). Instead, the first launch that needs it starts one fresh
-interpreter, the template, which imports torch and the worker's code once and
-then forks the workers of this launch and of every later one: only the first
-launch pays for an interpreter's start.
+Start method "forkserver": rather than a fresh interpreter per worker ("spawn",
+launch/fresh.py), which imports torch again in every launch (about 1.5-2 s), the
+first launch that needs it starts one fresh interpreter, the template, which
+imports torch and the worker's code once and then forks the workers of this
+launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
-The kernel talks to it over a Unix socketpair (SOCK_SEQPACKET: one message
-per request, file descriptors passed with it):
+The kernel asks it over a Unix socketpair (launch/template_messages.py) to:
 
-- fork: the worker's descriptors (the spec `fresh.ship` wrote, its
-  WorkerPipes) and an in-memory file with the kernel's current
-  os.environ, working directory, sys.path and torch's CPU random state (a
-  cell may have changed them since the template started; a forked worker
-  would have them). The template forks; the child leads a process group of
-  its own, takes those, and runs what a worker in a fresh interpreter runs
-  (`fresh.run_shipped`), with the template as the parent it dies with. The
-  template answers with the child's pid and a pidfd it opened before it could
-  reap the child (the supervisor's sentinel, free of pid-reuse races), reaps
-  the child when that pidfd becomes readable and sends its exit status, in
-  `Popen.returncode` convention (minus the signal's number when killed).
-  Environment variables that torch reads when it is imported take the value
-  the kernel had when the template started, as in a forked worker.
-- preload: modules to import for the workers (`preload`), filtered as
-  launch/warm.py filters what it imports into the kernel (`warm.choose`), and
-  imported with every device runtime's start refused, between launches and
-  before a launch's first worker is forked (launch/template_server.py says
-  when). If a device runtime started anyway, or a module started a thread (a
-  fork copies a process with only the forking thread), the template stops
-  warming, refuses further workers, and the launch starts a new template.
+- fork: with the worker's descriptors (the spec `fresh.ship` wrote, its
+  WorkerPipes) and an in-memory file with the kernel's current os.environ,
+  working directory, sys.path and torch's CPU random state, which a forked
+  worker would have (variables torch reads when imported keep the value they
+  had when the template started, as in a forked worker). The child leads a
+  process group of its own, takes those, and runs `fresh.run_shipped`, dying
+  with the template. The answer: its pid and a pidfd opened before the
+  template could reap it (the supervisor's sentinel, free of pid-reuse races);
+  its exit status (`Popen.returncode` convention) follows once it is reaped.
+- preload: import modules for the workers (`preload`), filtered as warming
+  filters them (`warm.choose`), with every device runtime's start refused,
+  between launches and before a launch's first fork. If a device runtime
+  started anyway, or a thread (a fork copies only the forking thread), the
+  template stops warming and refuses further workers: the launch starts a new one.
 
-Lifetime: the template exits when its socket closes (`shutdown_template()`,
-registered with atexit, or the kernel's exit), ending any worker it still
-runs. If the kernel dies, even by SIGKILL, Linux kills the template
-(PR_SET_PDEATHSIG, set by the template itself; it is started from a thread
-that lives as long as it does, as that signal follows the thread that started
-a process, not the process), and each worker with it (the same, with the
-template as parent). The launch's janitor (launch/forking.py) still ends
-every worker's process group, whoever forked the worker.
+The template exits, ending its workers, when its socket closes
+(`shutdown_template()`, also at exit, or the kernel's exit). If the kernel
+dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG, set by the
+template itself; it is started from a thread that lives as long as it does, as
+that signal follows the thread that started a process), and its workers with
+it. The launch's janitor (launch/forking.py) still ends every worker's group.
 
 If no template can be used (it cannot start, or a new one fails again right
-after the previous one died), the launch does not fail: its workers start in
-fresh interpreters ("spawn") with a TemplateWarning saying why, and so do the
-workers of later launches, without trying again, until `shutdown_template()`.
-
-`TemplateProcess` is a `processes.ProcessHandle`, as `fresh.FreshProcess` is,
-so the supervisor watches both alike. Reading the template's messages is
-shared between threads: several launches, from several threads, use one
-template.
-
-This module is the kernel's side. What runs inside the template is
-launch/template_server.py; both send and receive their messages with
-launch/template_messages.py.
+after the previous one died), the launch does not fail: its workers, and those
+of later launches until `shutdown_template()`, start in fresh interpreters
+("spawn") with a TemplateWarning saying why. Launches from several threads
+share one template.
 """
 
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import contextlib
 import dataclasses
 import importlib.util
 import itertools
-import json
 import os
 import pickle
 import select
@@ -80,18 +61,10 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
-from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
-from notebook_accel.launch.template_messages import (
-    EXIT_SECONDS,
-    MAX_FDS,
-    MESSAGE_BYTES,
-    RECEIVE_FLAGS,
-    receive_message,
-    send_message,
-)
+from notebook_accel.launch.processes import bootstrap, start_interpreter
+from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
 
 # Importing torch in a fresh interpreter takes about 2 s; far longer on a busy machine.
 START_SECONDS = 120.0
@@ -137,44 +110,32 @@ class TemplateStatus:
 
     def summary(self) -> str:
         """One line: which template, what it forked and warmed, and any problem."""
+        problem = f"; {self.problem}" if self.problem else ""
         if self.pid is None:
-            text = "no template process"
-        else:
-            text = (
-                f"template process {self.pid}: started in {self.start_seconds:.2f} s, "
-                f"{self.workers} worker(s) forked, {len(self.warmed)} module(s) warmed "
-                f"({self.imported} imported in {self.warm_seconds:.2f} s), "
-                f"{len(self.skipped)} skipped"
-            )
-        if self.problem:
-            text += f"; {self.problem}"
-        return text
+            return "no template process" + problem
+        return (
+            f"template process {self.pid}: started in {self.start_seconds:.2f} s, "
+            f"{self.workers} worker(s) forked, {len(self.warmed)} module(s) warmed "
+            f"({self.imported} imported in {self.warm_seconds:.2f} s), "
+            f"{len(self.skipped)} skipped{problem}"
+        )
 
 
-class TemplateProcess(PidfdProcess):
-    """One worker forked from the template (a `processes.ProcessHandle`).
+class TemplateProcess(FreshProcess):
+    """One worker forked from the template (a `processes.ProcessHandle`); started as a
+    `fresh.FreshProcess` instead, with a TemplateWarning, when no template can be used."""
 
-    Takes the arguments of `fresh.FreshProcess`, and starts one instead (with a
-    TemplateWarning) when no template can be used.
-    """
-
-    def __init__(self, spec_fd: int, local_rank: int, pipes: WorkerPipes, name: str) -> None:
-        self.name = name
-        self._args = (spec_fd, local_rank, pipes)
-        self._template: _Template | None = None
-        self._fresh: FreshProcess | None = None
-        self._pid: int | None = None
-        self._worker = -1  # its number at the template: pids may be reused, numbers are not
-        self._exitcode: int | None = None
+    _template: _Template | None = None
+    _worker = -1  # its number at the template: pids may be reused, numbers are not
+    _exitcode: int | None = None
 
     def start(self) -> None:
         """Have the template fork the worker (starting the template on first need)."""
-        spec_fd, local_rank, pipes = self._args
         context_fd = _kernel_context()
-        fds = [spec_fd, context_fd, *pipes.fds()]
+        fds = [self._spec_fd, context_fd, *self._pipes.fds()]
         try:
-            self._template, self._pid, self.sentinel, self._worker = _fork_from_template(
-                fds, local_rank
+            self._template, self.pid, self.sentinel, self._worker = _fork_from_template(
+                fds, self._local_rank
             )
         except TemplateUnavailable as error:
             warnings.warn(
@@ -183,58 +144,42 @@ class TemplateProcess(PidfdProcess):
                 TemplateWarning,
                 stacklevel=2,
             )
-            self._fresh = FreshProcess(*self._args, name=self.name)
-            self._fresh.start()
-            self.sentinel = self._fresh.sentinel
+            super().start()
         finally:
             os.close(context_fd)
 
     @property
-    def pid(self) -> int | None:
-        """The worker's process id, once started."""
-        return self._fresh.pid if self._fresh is not None else self._pid
-
-    @property
     def exitcode(self) -> int | None:
         """The exit status once it has exited (minus the signal's number if killed)."""
-        if self._fresh is not None:
-            return self._fresh.exitcode
-        if self._exitcode is None and self._template is not None and self.sentinel >= 0:
-            self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, 0.0)
+        if self._template is None:
+            return super().exitcode
+        self.join(0.0)
         return self._exitcode
 
     def join(self, timeout: float | None = None) -> None:
         """Wait at most `timeout` seconds for it to exit."""
-        if self._fresh is not None:
-            self._fresh.join(timeout)
-        elif self._exitcode is None and self._template is not None and self.sentinel >= 0:
+        if self._template is None:
+            super().join(timeout)
+        elif self._exitcode is None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
 
     def close(self) -> None:
         """Release the sentinel (after it has exited); once."""
-        if self._fresh is not None:
-            self._fresh.close()
-        elif self.sentinel >= 0:
-            super().close()
+        if self._template is not None and self.sentinel >= 0:
             _release(self._template, self._worker)
+        super().close()
 
 
 def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
-    """Have the template import `modules`, so that the workers it forks start with them.
+    """Have the template, and every one started later, import `modules` (names, or
+    (name, file) pairs as workers report them), so that the workers it forks start
+    with them; `template_status()` says what it imported and skipped. Returns at once.
 
-    Takes module names, or (name, file) pairs as workers report them
-    (`ModulesImported.modules`). Nothing is imported in this process: a name
-    without a file is looked up here only when that imports nothing (a
-    top-level module, or one whose package is imported here). The template
-    filters them as warming does (launch/warm.py `choose`: no device package,
-    nothing of the notebook's own code) and imports them between launches;
-    `template_status()` says what it imported and skipped. Every template
-    started later imports them too. Returns at once.
+    Nothing is imported in this process: a name without a file is looked up here
+    only when that imports nothing (a top-level module, or one whose package is
+    imported here).
     """
-    wanted = {}
-    for item in modules:
-        name, origin = (item, _origin(item)) if isinstance(item, str) else item
-        wanted[name] = origin
+    wanted = dict((item, _origin(item)) if isinstance(item, str) else item for item in modules)
     with _STATE.lock:
         new = {
             name: origin
@@ -261,25 +206,21 @@ def template_status() -> TemplateStatus:
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
     """Ask the running template about itself; None when none runs (starts nothing).
-
-    Returns its "pid", "cuda_initialized" (torch.cuda.is_initialized() there),
-    "device_problem" (why a fork of it could not use a device, or None),
-    "threads" (its threads), and "imported": which of `modules` it has.
-    """
+    Its "pid", "cuda_initialized" (torch.cuda.is_initialized() there), "device_problem"
+    (why a fork of it could not use a device, or None), "threads" (its threads), and
+    "imported": which of `modules` it has."""
     with _STATE.lock:
         current = _STATE.current
     if current is None or current.gone:
         return None
-    answer = current.ask({"kind": "probe", "modules": list(modules)})
+    answer, received = current.request({"kind": "probe", "modules": list(modules)}, [])
+    close_all(received)
     return {key: value for key, value in answer.items() if key not in ("kind", "id")}
 
 
 def shutdown_template() -> None:
-    """End the template process (and any worker it still runs) and reap it.
-
-    The next launch that needs one starts a new one; the modules `preload`
-    asked for are forgotten. Runs at exit too.
-    """
+    """End the template process (and any worker it still runs) and reap it; also at exit.
+    The next launch that needs one starts a new one; what `preload` asked for is forgotten."""
     with _STATE.lock:
         templates = [t for t in (_STATE.current, *_STATE.retired) if t is not None]
         _STATE.current, _STATE.retired, _STATE.broken, _STATE.replaced = None, [], None, None
@@ -327,14 +268,12 @@ atexit.register(shutdown_template)
 def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
     """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
     found dead is replaced once."""
-    for attempt in range(2):
+    try:
         template = _template_for_launch()
-        try:
-            return template, *template.fork(fds, local_rank)
-        except TemplateUnavailable:
-            if attempt:
-                raise
-    raise AssertionError("unreachable")
+        return template, *template.fork(fds, local_rank)
+    except TemplateUnavailable:
+        template = _template_for_launch()
+        return template, *template.fork(fds, local_rank)
 
 
 def _template_for_launch() -> _Template:
@@ -344,15 +283,12 @@ def _template_for_launch() -> _Template:
         if current is not None:
             current.poll()
             why = current.unusable()
-            if why is not None:
-                _STATE.replaced = why
-                _retire(current)
-                current = None
-        for template in [t for t in _STATE.retired if t.users == 0]:
-            _STATE.retired.remove(template)
-            template.close()
-        if current is not None:
-            return current
+            if why is not None:  # out of use: it ends once its workers have
+                _STATE.current, _STATE.replaced = None, why
+                _STATE.retired.append(current)
+        _close_unused()
+        if _STATE.current is not None:
+            return _STATE.current
         if _STATE.broken is not None:
             raise TemplateUnavailable(_STATE.broken)
         current = _Template()
@@ -370,24 +306,17 @@ def _template_for_launch() -> _Template:
     return current
 
 
-def _retire(template: _Template) -> None:
-    """Take `template` out of use (call with the lock held); it ends once its workers have."""
-    if _STATE.current is template:
-        _STATE.current = None
-    if template.users:
-        _STATE.retired.append(template)
-    else:
-        template.close()
-
-
-def _release(template: _Template | None, worker: int) -> None:
-    if template is None:
-        return
+def _release(template: _Template, worker: int) -> None:
     with _STATE.lock:
         template.forget(worker)
-        if template.users == 0 and template in _STATE.retired:
-            _STATE.retired.remove(template)
-            template.close()
+        _close_unused()
+
+
+def _close_unused() -> None:
+    """Close the retired templates whose workers have all ended (call with the lock held)."""
+    for template in [t for t in _STATE.retired if t.users == 0]:
+        _STATE.retired.remove(template)
+        template.close()
 
 
 def _kernel_context() -> int:
@@ -414,51 +343,44 @@ def _origin(name: str) -> str | None:
         spec = importlib.util.find_spec(name)
     except (ImportError, ValueError):
         return None
-    if spec is None or spec.origin in (None, "built-in", "frozen"):
-        return None
-    return spec.origin
+    return None if spec is None or spec.origin in ("built-in", "frozen") else spec.origin
 
 
-def _start_from_lasting_thread(
-    start: Callable[[], subprocess.Popen],
-) -> tuple[subprocess.Popen, threading.Event]:
-    """`start()` from a thread that lasts until the returned event is set.
-
-    Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
-    ends, not its process: started from a launch's own thread (the panel's), the
-    template would be killed when that launch ends.
-    """
-    release, done = threading.Event(), threading.Event()
-    outcome: list[Any] = []
+def _start_from_lasting_thread(sock: int, stderr: int) -> tuple[subprocess.Popen, threading.Event]:
+    """Start the template's interpreter from a thread that lasts until the returned event
+    is set: Linux sends a PR_SET_PDEATHSIG signal when the thread that started a process
+    ends, not its process; started from a launch's own thread (the panel's), the template
+    would be killed when that launch ends."""
+    started: concurrent.futures.Future[subprocess.Popen] = concurrent.futures.Future()
+    release = threading.Event()
 
     def run() -> None:
         try:
-            outcome.append(start())
+            kernel = os.getpid()  # which it dies with
+            popen = start_interpreter(
+                _BOOTSTRAP, sock, kernel, stdout=subprocess.DEVNULL, stderr=stderr, pass_fds=(sock,)
+            )
+            started.set_result(popen)
         except BaseException as error:  # noqa: BLE001 - handed to the caller
-            outcome.append(error)
-        finally:
-            done.set()
+            started.set_exception(error)
         release.wait()
 
     threading.Thread(target=run, name="notebook_accel-template-parent", daemon=True).start()
-    if not done.wait(START_SECONDS):
+    try:
+        return started.result(START_SECONDS), release
+    except Exception as error:
         release.set()
-        raise TemplateUnavailable("its interpreter could not be started")
-    if isinstance(outcome[0], BaseException):
-        release.set()
-        raise TemplateUnavailable(f"its interpreter could not be started: {outcome[0]}")
-    return outcome[0], release
+        why = "" if isinstance(error, concurrent.futures.TimeoutError) else f": {error}"
+        raise TemplateUnavailable(f"its interpreter could not be started{why}") from None
 
 
 class _Template:
     """The kernel's handle on one template process.
 
-    Messages from the template are read by whichever thread needs one (a
-    launch waiting for a fork's answer, a supervisor asking for an exit
-    status), one reader at a time, the others waiting on a condition: each
-    message is filed (answers by request, exit statuses by worker number) for
-    its waiter.
-    """
+    Its messages are read by whichever thread needs one (a launch waiting for a fork's
+    answer, a supervisor asking for an exit status), one reader at a time, the others
+    waiting on a condition: each message is filed (answers by request, exit statuses
+    by worker number) for its waiter."""
 
     def __init__(self) -> None:
         self.status = TemplateStatus()
@@ -478,8 +400,6 @@ class _Template:
         self._reading = False
         self._send_lock = threading.Lock()
 
-    # -- starting and ending -----------------------------------------------------
-
     def start(self) -> None:
         """Start the template and wait until it is ready (bounded)."""
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -489,16 +409,7 @@ class _Template:
         self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
         started = time.perf_counter()
         try:
-            self._popen, self._release = _start_from_lasting_thread(
-                lambda: start_interpreter(
-                    _BOOTSTRAP,
-                    theirs.fileno(),
-                    os.getpid(),  # the kernel, which it dies with
-                    stdout=subprocess.DEVNULL,
-                    stderr=self._stderr,
-                    pass_fds=(theirs.fileno(),),
-                )
-            )
+            self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), self._stderr)
         except TemplateUnavailable:
             self.close()
             raise
@@ -506,16 +417,15 @@ class _Template:
             theirs.close()
         self.status.pid = self._popen.pid
         if not self._wait_for(lambda: self._ready, START_SECONDS):
-            try:  # its socket closes a moment before it can be reaped
+            code = None
+            with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
                 code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
-            except subprocess.TimeoutExpired:
-                code = None
             why = self._unusable or (
                 f"it was not ready within {START_SECONDS:.0f} s"
                 if code is None
                 else f"it exited with code {code}"
             )
-            tail = self._stderr_tail()
+            tail = read_all(self._stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
             self.close()
             raise TemplateUnavailable(
                 f"the template process could not start: {why}"
@@ -535,8 +445,7 @@ class _Template:
                 self._sock = None
                 self.gone = True
                 for _, fds in self._answers.values():
-                    for fd in fds:
-                        os.close(fd)
+                    close_all(fds)
                 self._answers.clear()
         if self._popen is not None:
             try:
@@ -567,29 +476,21 @@ class _Template:
             return "the template process had exited"
         return self._retired
 
-    def _stderr_tail(self) -> str:
-        if self._stderr < 0:
-            return ""
-        text = read_all(self._stderr).decode(errors="replace").strip()
-        return text[-_STDERR_TAIL:]
-
-    # -- requests ---------------------------------------------------------------
-
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
         when it died or refused (it is then retired), OSError when the fork failed."""
-        answer, received = self._request({"kind": "fork", "local_rank": local_rank}, fds)
+        answer, received = self.request({"kind": "fork", "local_rank": local_rank}, fds)
         if answer["kind"] == "forked" and len(received) == 1:
             with self._cond:
                 self.users += 1
                 self.status.workers += 1
             return answer["pid"], received[0], answer["id"]
-        for fd in received:
-            os.close(fd)
+        close_all(received)
         if answer["kind"] == "failed":
             raise OSError(f"the template process could not fork a worker: {answer['error']}")
-        self._retire(answer.get("reason") or "it refused the worker")
-        raise TemplateUnavailable(answer.get("reason") or "it refused the worker")
+        why = answer.get("reason") or "it refused the worker"
+        self._retire(why)
+        raise TemplateUnavailable(why)
 
     def preload(self, modules: dict[str, str | None]) -> None:
         """Send modules to import (in messages of a bounded size)."""
@@ -598,14 +499,8 @@ class _Template:
             chunk = dict(items[start : start + _MODULES_PER_MESSAGE])
             self._send({"kind": "preload", "modules": chunk})
 
-    def ask(self, message: dict) -> dict:
-        """Send a question and return its answer."""
-        answer, received = self._request(message, [])
-        for fd in received:
-            os.close(fd)
-        return answer
-
-    def _request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
+    def request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
+        """Send `message` with `fds`; its answer, and the descriptors that came with it."""
         request = next(self._ids)
         self._send({**message, "id": request}, fds)
         self._wait_for(lambda: request in self._answers, ANSWER_SECONDS)
@@ -621,7 +516,6 @@ class _Template:
         raise TemplateUnavailable(why)
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
-        data = json.dumps(message).encode()
         deadline = time.monotonic() + ANSWER_SECONDS
         with self._send_lock:
             while True:
@@ -629,7 +523,7 @@ class _Template:
                 if sock is None or self.gone:
                     raise TemplateUnavailable("the template process exited")
                 try:
-                    send_message(sock, [data], list(fds), socket.MSG_DONTWAIT)
+                    send(sock, message, fds, socket.MSG_DONTWAIT)
                     return
                 except BlockingIOError:  # its buffer is full: it is busy importing
                     remaining = deadline - time.monotonic()
@@ -648,8 +542,6 @@ class _Template:
             self._retired = why
             if self.status.problem is None:
                 self.status.problem = why
-
-    # -- workers' exits ------------------------------------------------------------
 
     def exitcode_of(self, worker: int, pidfd: int, timeout: float | None) -> int | None:
         """The exit status of the worker numbered `worker`, waiting at most `timeout`
@@ -676,8 +568,6 @@ class _Template:
     def poll(self) -> None:
         """Read what it has sent so far, without waiting."""
         self._wait_for(lambda: False, 0.0)
-
-    # -- reading its messages --------------------------------------------------------
 
     def _wait_for(self, ready: Callable[[], bool], timeout: float | None) -> bool:
         """Read and file its messages until `ready()` (checked under the lock), for
@@ -712,21 +602,12 @@ class _Template:
         if sock is None:
             self.gone = True
             return []
-        received = []
         try:
             select.select([sock], [], [], timeout)
-            while True:
-                try:
-                    data, fds, _, _ = receive_message(sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
-                except BlockingIOError:
-                    break
-                if not data:  # it closed its end: it exited
-                    for fd in fds:
-                        os.close(fd)
-                    self.gone = True
-                    break
-                received.append((json.loads(data), fds))
+            received, closed = receive(sock)
         except (OSError, ValueError):  # closed or reset: it is gone
+            received, closed = [], True
+        if closed:  # it exited
             self.gone = True
         return received
 
@@ -736,8 +617,7 @@ class _Template:
         if "id" in message:  # an answer to a request
             self._answers[message["id"]] = (message, fds)
             return
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         status = self.status
         if kind == "exit":
             self._exits[message["worker"]] = message["code"]

@@ -1,36 +1,23 @@
-"""The template process of start method "forkserver": the side that runs inside it.
+"""The template process of start method "forkserver": the side that runs inside it
+(launch/template.py, the kernel's side, explains the design).
 
-launch/template.py, the kernel's side, explains the design. This process imports
-torch, the workers' code and warm.WORKER_CODE, without ever starting a device
-runtime, says it is ready, then serves the kernel's requests: it forks a worker
-for each "fork" (the child takes the kernel's context and runs
-`fresh.run_shipped`), reaps its workers and sends their exit statuses, answers
-"probe", and imports the modules "preload" asks for, one per turn of its loop
-while no worker runs and what is still queued before the next fork (at most
-PRELOAD_BEFORE_FORK_SECONDS of them). If an import starts a device runtime or
-a thread, it stops warming and refuses further workers.
-
-Started by the kernel in a fresh interpreter whose bootstrap sets the kernel's
-sys.path and calls `template_main` with the socket's descriptor and the
-kernel's pid. It ignores SIGINT and has Linux kill it when the kernel dies.
-
-It ends when the kernel closes the socket (or dies): it kills its workers'
-process groups, reaps them (at most EXIT_SECONDS) and exits; with code 1 and a
-traceback on stderr, which the kernel reads back, if it failed.
+It imports torch and warm.WORKER_CODE, says it is ready, then serves the kernel's
+requests ("fork", "probe", "preload"); it imports what "preload" asks for one
+module per turn of its loop while no worker runs, and before a fork for at most
+PRELOAD_BEFORE_FORK_SECONDS. It ends with the kernel's end of the socket, ending its
+workers (reaped for at most EXIT_SECONDS); if it failed, with code 1 and a traceback
+on stderr, which the kernel reads back.
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib
-import json
 import os
 import pickle
 import select
 import signal
 import socket
 import sys
-import threading
 import time
 import traceback
 from dataclasses import fields
@@ -39,23 +26,18 @@ from typing import Any, NoReturn
 from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.fresh import read_all, run_shipped
 from notebook_accel.launch.processes import ChildProcess, die_with_parent, end_processes
-from notebook_accel.launch.template_messages import (
-    EXIT_SECONDS,
-    MAX_FDS,
-    MESSAGE_BYTES,
-    RECEIVE_FLAGS,
-    receive_message,
-    send_message,
+from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
+from notebook_accel.launch.warm import (
+    MAX_REASON,
+    WORKER_CODE,
+    choose,
+    device_problem,
+    import_refusing_devices,
 )
-from notebook_accel.launch.warm import WORKER_CODE, device_problem
 
 # How long a launch's first worker may wait for queued modules to be imported
 # (the rest follow between launches).
 PRELOAD_BEFORE_FORK_SECONDS = 20.0
-# Imported before the template says it is ready, so that every worker starts with
-# them; a failure only means workers import them themselves.
-
-_MAX_REASON = 200
 
 
 class _KernelGone(Exception):
@@ -64,9 +46,7 @@ class _KernelGone(Exception):
 
 def template_main(argv: list[str]) -> NoReturn:
     """The template process: import what workers need, then fork them on request.
-
-    `argv`: the socket's descriptor and the kernel's pid. Never returns.
-    """
+    `argv`: the socket's descriptor and the kernel's pid. Never returns."""
     sock_fd, kernel_pid = int(argv[0]), int(argv[1])
     code = 0
     try:
@@ -96,19 +76,8 @@ class _Server:
         self.threads = 0
 
     def run(self) -> None:
-        """Start, say so, serve until the kernel closes the socket, end the workers."""
-        problem = self._start()
-        if problem is not None:
-            self._send({"kind": "unusable", "reason": problem})
-            return
-        self._send({"kind": "ready", "pid": self.pid})
-        try:
-            self._serve()
-        except _KernelGone:
-            pass
-        self._end_children()
-
-    def _start(self) -> str | None:
+        """Import what workers need, say so, serve until the kernel closes the socket,
+        end the workers."""
         import torch  # noqa: F401 - every worker imports it: forked, they have it
 
         import notebook_accel.launch.worker  # noqa: F401 - the workers' own code
@@ -117,11 +86,19 @@ class _Server:
         self.platforms = list(PLATFORMS.values())
         problem = device_problem(self.platforms)
         if problem is not None:
-            return f"importing torch started a device runtime: {problem}"
-        self.threads = _thread_count()
-        for name in WORKER_CODE:
-            self._import(name)
-        return self.stopped
+            self.stopped = f"importing torch started a device runtime: {problem}"
+        else:
+            self.threads = _thread_count()
+            for name in WORKER_CODE:
+                self._import(name)
+        if self.stopped is not None:
+            self._send({"kind": "unusable", "reason": self.stopped})
+            return
+        self._send({"kind": "ready", "pid": self.pid})
+        with contextlib.suppress(_KernelGone):
+            self._serve()
+        # The kernel is gone or shut the template down: its workers go too, at once.
+        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
 
     def _serve(self) -> None:
         while True:
@@ -136,34 +113,24 @@ class _Server:
                 self._import(self.queue.pop(0))
 
     def _take_requests(self) -> None:
-        while True:
-            try:
-                data, fds, _, _ = receive_message(self.sock, MESSAGE_BYTES, MAX_FDS, RECEIVE_FLAGS)
-            except BlockingIOError:
-                return
-            except OSError as error:
-                raise _KernelGone from error
-            if not data:
-                raise _KernelGone
-            message = json.loads(data)
-            kind = message["kind"]
-            if kind == "fork":
+        received, closed = receive(self.sock)
+        for message, fds in received:
+            if message["kind"] == "fork":
                 self._fork(message, fds)
                 continue
-            for fd in fds:
-                os.close(fd)
-            if kind == "preload":
+            close_all(fds)
+            if message["kind"] == "preload":
                 self._queue(message["modules"])
-            elif kind == "probe":
+            elif message["kind"] == "probe":
                 self._send(self._probe(message))
+        if closed:
+            raise _KernelGone
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
         try:
-            send_message(self.sock, [json.dumps(message).encode()], list(fds))
+            send(self.sock, message, fds)
         except OSError as error:
             raise _KernelGone from error
-
-    # -- workers ------------------------------------------------------------------
 
     def _fork(self, message: dict, fds: list[int]) -> None:
         # What preload() queued first: this launch's workers start with it.
@@ -171,16 +138,14 @@ class _Server:
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
         if self.stopped is not None or len(fds) != 2 + len(fields(WorkerPipes)):
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             reason = self.stopped or f"a request came with {len(fds)} descriptors"
             self._send({"kind": "refused", "id": message["id"], "reason": reason})
             return
         try:
             pid = os.fork()
         except OSError as error:
-            for fd in fds:
-                os.close(fd)
+            close_all(fds)
             self._send({"kind": "failed", "id": message["id"], "error": str(error)})
             return
         if pid == 0:
@@ -189,8 +154,7 @@ class _Server:
         with contextlib.suppress(OSError):
             os.setpgid(pid, pid)
         child = ChildProcess(pid)
-        for fd in fds:
-            os.close(fd)
+        close_all(fds)
         self.children[child.sentinel] = (child, message["id"])
         # Its pidfd is the kernel's sentinel too.
         self._send({"kind": "forked", "id": message["id"], "pid": pid}, [child.sentinel])
@@ -205,10 +169,9 @@ class _Server:
             os.dup2(pipes.stdout, 1)
             os.dup2(pipes.stderr, 2)
             self.sock.close()
-            for sentinel in self.children:
-                os.close(sentinel)
+            close_all(self.children)
             _take_kernel_context(context_fd)
-            run_shipped(spec_fd, local_rank, pipes, self.pid)
+            run_shipped([spec_fd, local_rank, self.pid, *pipe_fds])
         except BaseException:  # noqa: BLE001 - to the worker's stderr, which the cell shows
             traceback.print_exc()
         finally:
@@ -220,17 +183,9 @@ class _Server:
         child.close()
         self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
 
-    def _end_children(self) -> None:
-        """The kernel is gone or shut the template down: its workers go too, at once."""
-        end_processes([child for child, _ in self.children.values()], grace=0, reap=EXIT_SECONDS)
-
-    # -- warming ------------------------------------------------------------------
-
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:
             return
-        from notebook_accel.launch.warm import choose
-
         try:
             names, skipped = choose(modules)
         except Exception as error:  # noqa: BLE001 - only the workers' speed depends on it
@@ -247,17 +202,11 @@ class _Server:
         if name in sys.modules:
             return
         before, started = len(sys.modules), time.perf_counter()
-        undos = [platform.guard_runtime_start(lambda: True) for platform in self.platforms]
-        try:
-            importlib.import_module(name)
-        except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
-            reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
-            self.failed[name] = reason
-            self._send({"kind": "skipped", "modules": {name: reason}})
+        failed = import_refusing_devices(name, self.platforms, lambda: True)
+        if failed is not None:
+            self.failed[name] = failed
+            self._send({"kind": "skipped", "modules": {name: failed}})
             return
-        finally:
-            for undo in undos:
-                undo()
         seconds, imported = time.perf_counter() - started, len(sys.modules) - before
         self._send({"kind": "warmed", "module": name, "seconds": seconds, "imported": imported})
         problem = device_problem(self.platforms)
@@ -266,7 +215,7 @@ class _Server:
         elif _thread_count() > self.threads:
             problem = "started a thread, which forked workers would lack"
         if problem is not None:
-            self.stopped = f"importing {name} {problem}"[:_MAX_REASON]
+            self.stopped = f"importing {name} {problem}"[:MAX_REASON]
             self.queue.clear()
             self._send({"kind": "stopped", "module": name, "reason": self.stopped})
 
@@ -300,7 +249,4 @@ def _take_kernel_context(fd: int) -> None:
 
 
 def _thread_count() -> int:
-    try:
-        return len(os.listdir("/proc/self/task"))
-    except OSError:
-        return threading.active_count()
+    return len(os.listdir("/proc/self/task"))

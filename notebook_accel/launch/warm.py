@@ -9,26 +9,23 @@ reports the modules it imported that were not imported when it was forked
 its end. This process imports the safe ones, so that the next launch's
 workers start with them.
 
-Where and when: only on the thread that runs the notebook's code, and never
-while a launch is finishing. Two threads importing one package tree are not
-safe in CPython (the per-module locks' deadlock detector hands one of them a
-half-initialised module; seen as sympy and torch._dynamo ImportErrors in a
-cell that built an optimizer right after a launch), and a library may
-register fork hooks while it is imported. An import cannot be cut short
-either (torch._dynamo is one import of about a second), so one begun while
-the workers run could outlast them and lengthen the call. So a launch only
-queues what its workers reported, and the queue is imported:
+Only on the thread that runs the notebook's code, and never while a launch
+is finishing. Two threads importing one package tree are not safe in CPython
+(the per-module locks' deadlock detector hands one of them a half-initialised
+module; seen as sympy and torch._dynamo ImportErrors in a cell that built an
+optimizer right after a launch), and a library may register fork hooks while
+it is imported. An import cannot be cut short either (torch._dynamo is one
+import of about a second): one begun while the workers run could outlast them
+and lengthen the call. So a launch only queues what its workers reported
+(a launch ends as soon as its workers have: bench/warm_launch.py), and the
+queue is imported:
 
 - in a Jupyter kernel, by callbacks of the kernel's event loop, one module
-  each, which run between cells (also for a launch from another thread, such
-  as the panel's Launch button);
+  each, between cells (also for a launch from another thread, such as the
+  panel's Launch button);
 - by the next launch on the main thread, before it starts its workers, for
-  what is still queued (a loop of launches in one cell, a script): that
-  launch's workers then start with it rather than importing it each;
+  what is still queued (a loop of launches in one cell, a script);
 - outside a kernel, from another thread: not at all.
-
-A launch ends as soon as its workers have: the first launch of a fresh
-kernel takes no longer than its workers (bench/warm_launch.py).
 
 Each import holds the fork lock (launch/forking.py), so no launch in another
 thread forks a copy of a half-done import, and a stop press waits until the
@@ -38,14 +35,14 @@ Safe means: part of an installed package (not the notebook, not a file next
 to it), and not under one of a platform's device packages
 (`Platform.device_packages`). While warming imports, a module that would
 start CUDA gets an error instead (`Platform.guard_runtime_start`), and after
-every import the platforms check this process again (the same check a launch
-makes): if a device runtime was started after all, warming stops for the
-rest of the process and says why; the next launch refuses as it would after
-any cell that did so.
+every import the platforms check this process again: if a device runtime was
+started after all, warming stops for the rest of the process and says why;
+the next launch refuses as it would after any cell that did so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import itertools
@@ -71,7 +68,8 @@ KNOWN_HEAVY = ("torch._dynamo",)
 # The notebook's own code, which runs where it is called and nowhere else.
 _NOTEBOOK_MODULES = ("__main__", "__mp_main__")
 
-_MAX_REASON = 200
+# The longest reason warming gives for a module.
+MAX_REASON = 200
 
 
 def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
@@ -84,29 +82,17 @@ def imported_since(count: int) -> tuple[tuple[str, str | None], ...]:
     since shifts the cut by one, which at worst names a module this process
     already has.
     """
-    new = max(0, len(sys.modules) - count)
-    found = []
-    for name, module in reversed(list(itertools.islice(reversed(sys.modules.items()), new))):
-        found.append((name, getattr(module, "__file__", None)))
-    return tuple(found)
+    newest = itertools.islice(reversed(sys.modules.items()), max(0, len(sys.modules) - count))
+    return tuple((name, getattr(module, "__file__", None)) for name, module in [*newest][::-1])
 
 
 class RunWarmer:
-    """One launch's warming: takes the workers' reports, imports on the right thread.
-
-    `offer` queues what a worker reported (in the launching thread, as events
-    come); `start` imports, before the workers are started, what earlier
-    launches left queued; `finish` leaves what this launch queued to the kernel's
-    event loop (between cells) or to the next launch. `drain` imports the whole
-    queue at once, where nobody waits on this process (a cluster node's agent).
-    """
+    """One launch's warming: takes the workers' reports, imports on the right thread."""
 
     def __init__(self, warming: Warming, enabled: bool, here: bool | None = None):
         self.warming = warming
         # Whether this thread may import: the main one runs the notebook's code.
-        if here is None:
-            here = threading.current_thread() is threading.main_thread()
-        self._here = here
+        self._here = threading.current_thread() is threading.main_thread() if here is None else here
         if not enabled:
             warming.finish("off")
         elif _PROCESS.stopped is not None:
@@ -124,7 +110,9 @@ class RunWarmer:
         try:
             names, skipped = choose(dict(imported))
         except Exception as error:  # noqa: BLE001 - never fail a run for its warming
-            self._stop(f"{type(error).__name__}: {error}")
+            self.warming.problem = f"{type(error).__name__}: {error}"[:MAX_REASON]
+            _forget(self.warming)
+            self.warming.finish("stopped")
             return
         warming = self.warming
         warming.skipped.update(skipped)
@@ -138,12 +126,9 @@ class RunWarmer:
 
     def start(self) -> bool:
         """Import, on the main thread, what earlier launches left queued, so that this
-        launch's workers start with it (they would import it themselves otherwise).
-
-        Returns True if an import started a device runtime after all (warming
-        stopped): this process can then no longer fork device workers. Raises
-        KeyboardInterrupt, once the module being imported is whole, on a stop press.
-        """
+        launch's workers start with it. True if an import started a device runtime after
+        all (warming stopped): this process can then no longer fork device workers. On a
+        stop press, KeyboardInterrupt once the module being imported is whole."""
         if not (self._here and self.active and _PROCESS.queued):
             return False
         try:
@@ -155,19 +140,15 @@ class RunWarmer:
         return self.warming.status == "stopped"
 
     def drain(self) -> None:
-        """Import this launch's queue now (where no notebook waits for this process)."""
+        """Import this launch's queue now, where no notebook waits (a cluster node's agent)."""
         if self._here and self.active:
             while self.warming.pending and _import_next(credit=self.warming):
                 pass
             self._end("done")
 
     def finish(self, interrupted: bool) -> None:
-        """The launch ends: never import here (that would lengthen the call).
-
-        What this launch queued is imported by the Jupyter kernel's event loop
-        between cells, or, outside a kernel, by the next launch on the main
-        thread before it starts its workers.
-        """
+        """The launch ends: leave what it queued to the kernel's event loop, or to the
+        next launch on the main thread; never import here (that would lengthen the call)."""
         warming = self.warming
         if not self.active:
             return
@@ -188,11 +169,6 @@ class RunWarmer:
             )
             warming.finish("off")
 
-    def _stop(self, problem: str) -> None:
-        self.warming.problem = problem[:_MAX_REASON]
-        _forget(self.warming)
-        self.warming.finish("stopped")
-
     def _end(self, status: str) -> None:
         if self.warming.status in ("not started", "running", "deferred", "next launch"):
             self.warming.finish(status)
@@ -202,9 +178,7 @@ def _import_next(credit: Warming) -> bool:
     """Import the first module still queued, crediting its time to `credit`; False when
     the queue is empty or warming stopped. The launches whose queues it empties are done.
     """
-    queued = _PROCESS.queued
-    while queued and not queued[0].pending:
-        _finish_queued(queued.pop(0), "done")
+    queued = _PROCESS.queued  # each with something pending
     if not queued or _PROCESS.stopped is not None:
         return False
     name = queued[0].pending[0]
@@ -225,7 +199,7 @@ def _import_next(credit: Warming) -> bool:
                 _finish_queued(warming, "done")
     if problem is not None:
         _PROCESS.stopped = f"importing {name} started a device runtime: {problem}"
-        credit.problem = _PROCESS.stopped[:_MAX_REASON]
+        credit.problem = _PROCESS.stopped[:MAX_REASON]
         for warming in [credit, *queued]:
             _forget(warming)
             warming.problem = credit.problem
@@ -240,9 +214,8 @@ def _deferred_step() -> None:
     _PROCESS.loop_scheduled = False
     if not _PROCESS.queued:
         return
-    owner = _PROCESS.queued[0]
     try:
-        more = _import_next(credit=owner)
+        more = _import_next(credit=_PROCESS.queued[0])
     except KeyboardInterrupt:
         for warming in list(_PROCESS.queued):
             _forget(warming)
@@ -253,10 +226,18 @@ def _deferred_step() -> None:
 
 
 def _schedule_on_kernel_loop() -> bool:
-    """Have the kernel's event loop import the queue, one module per callback; False
-    outside a kernel."""
-    if not _PROCESS.loop_scheduled:
-        _PROCESS.loop_scheduled = call_on_kernel_loop(_deferred_step)
+    """Have the Jupyter kernel's main-thread event loop import the queue when it is free
+    (between cells), one module per callback; False outside a kernel. Safe from any thread.
+    """
+    if _PROCESS.loop_scheduled or "ipykernel" not in sys.modules:  # never import IPython
+        return _PROCESS.loop_scheduled
+    with contextlib.suppress(Exception):  # a kernel without the loop we know
+        from IPython import get_ipython
+
+        loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
+        if loop is not None:
+            loop.add_callback(_deferred_step)
+            _PROCESS.loop_scheduled = True
     return _PROCESS.loop_scheduled
 
 
@@ -302,28 +283,9 @@ def warm_known(enabled: bool = True) -> Warming:
     return warming
 
 
-def call_on_kernel_loop(callback: Callable[[], None]) -> bool:
-    """Have the Jupyter kernel's main-thread event loop call `callback` when it is
-    free (between cells); False outside a kernel. Safe from any thread."""
-    if "ipykernel" not in sys.modules:  # never import IPython for this
-        return False
-    try:
-        from IPython import get_ipython
-
-        loop = getattr(getattr(get_ipython(), "kernel", None), "io_loop", None)
-        if loop is None:
-            return False
-        loop.add_callback(callback)
-    except Exception:  # noqa: BLE001 - a kernel without the loop we know
-        return False
-    return True
-
-
 def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str]]:
-    """Which of `imported` (name -> file) to import here, and why the others are not.
-
-    Decided from names and files alone, before anything is imported.
-    """
+    """Which of `imported` (name -> file) to import here, and why the others are not:
+    decided from names and files alone, before anything is imported."""
     from notebook_accel.platforms.registry import known_device_packages
 
     devices = known_device_packages()
@@ -348,9 +310,11 @@ def _why_not(name: str, origin: str | None) -> str | None:
     if name in _NOTEBOOK_MODULES or name.startswith("__"):
         return "the notebook's own code"
     if origin is None:
-        if name in sys.builtin_module_names:
-            return None
-        return "no file (a namespace package, or a module made at run time)"
+        return (
+            None
+            if name in sys.builtin_module_names
+            else "no file (a namespace package, or a module made at run time)"
+        )
     if not os.path.abspath(origin).startswith(_installed_roots()):
         return "not an installed package (code next to the notebook runs only where it is called)"
     return None
@@ -396,25 +360,28 @@ def _import_guarded(name: str, warming: Warming) -> str | None:
     platforms = list(PLATFORMS.values())
     unclean_before = device_problem(platforms)
     me = threading.get_ident()
-    undos = [p.guard_runtime_start(lambda: threading.get_ident() == me) for p in platforms]
+    failed = import_refusing_devices(name, platforms, lambda: threading.get_ident() == me)
+    if failed is not None:
+        _PROCESS.failed[name] = warming.skipped[name] = failed
+        return None
+    warming.modules.append(name)
+    return device_problem(platforms) if unclean_before is None else None
+
+
+def import_refusing_devices(name: str, platforms: list, refuse: Callable[[], bool]) -> str | None:
+    """Import `name` while `refuse()` makes starting any of `platforms`' device runtimes
+    raise (the template imports with it too); why the import failed, or None."""
+    undos = [platform.guard_runtime_start(refuse) for platform in platforms]
     try:
         importlib.import_module(name)
     except Exception as error:  # noqa: BLE001 - left for the workers to import themselves
-        reason = f"import failed: {type(error).__name__}: {error}"[:_MAX_REASON]
-        _PROCESS.failed[name] = warming.skipped[name] = reason
-        return None
+        return f"import failed: {type(error).__name__}: {error}"[:MAX_REASON]
     finally:
         for undo in undos:
             undo()
-    warming.modules.append(name)
-    problem = device_problem(platforms)
-    return problem if unclean_before is None else None
+    return None
 
 
 def device_problem(platforms: list) -> str | None:
     """The first of `platforms`' reasons a fork would be unsafe now, if any."""
-    for platform in platforms:
-        problem = platform.fork_problem()
-        if problem:
-            return problem
-    return None
+    return next(filter(None, (platform.fork_problem() for platform in platforms)), None)
