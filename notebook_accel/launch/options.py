@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -77,31 +76,6 @@ class Option:
 # -- the checks, each with its one message ----------------------------------------------
 
 
-def _whole(name: str, minimum: int, optional: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be a whole number, got {value!r}.")
-        if value < minimum:
-            raise ValueError(f"{name}={value} must be at least {minimum}.")
-        return value
-
-    return check
-
-
-def _one_of(name: str, choices: tuple[str, ...], optional: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if value not in choices:
-            extra = " (or None)" if optional else ""
-            raise ValueError(f"{name}={value!r} must be one of {', '.join(choices)}{extra}.")
-        return value
-
-    return check
-
-
 def _port(value: Any) -> int | None:
     if value is None or value == "":
         return None
@@ -133,22 +107,6 @@ def _devices(value: Any) -> list[int] | None:
     if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
         raise ValueError(f"devices={devices} must list distinct GPU indices, at least one.")
     return devices
-
-
-def _number(
-    name: str, must_be: str, zero: bool = False, optional: bool = False
-) -> Callable[[Any], Any]:
-    """A number above 0 (or 0 too, with `zero`); `must_be` says what in the message."""
-
-    def check(value: Any) -> float | None:
-        if value is None and optional:
-            return None
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if not number or value < 0 or (value == 0 and not zero):
-            raise ValueError(f"{name}={value!r} must be {must_be}.")
-        return float(value)
-
-    return check
 
 
 def _fsdp(value: Any) -> dict | None:
@@ -212,9 +170,17 @@ def _backend(value: Any) -> Any:
 
 def _count(name: str, default: int | None, help: str, minimum: int, **more: Any) -> Option:
     """A whole-number option (None allowed where it is the default)."""
-    optional = default is None
-    check = _whole(name, minimum, optional)
-    annotation = "int | None" if optional else "int"
+
+    def check(value: Any) -> Any:
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number, got {value!r}.")
+        if value < minimum:
+            raise ValueError(f"{name}={value} must be at least {minimum}.")
+        return value
+
+    annotation = "int | None" if default is None else "int"
     return Option(name, default, help, check, annotation, **{"parse": int, **more}, minimum=minimum)
 
 
@@ -226,17 +192,33 @@ def _decimal(
     optional: bool = False,
     zero: bool = False,
 ) -> Option:
-    """A number option (seconds, CPUs): above 0, or 0 too with `zero`."""
-    check = _number(name, must_be, zero, optional)
+    """A number option (seconds, CPUs): above 0, or 0 too with `zero`; `must_be` says what
+    in the message."""
+
+    def check(value: Any) -> float | None:
+        if value is None and optional:
+            return None
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or value < 0 or (value == 0 and not zero):
+            raise ValueError(f"{name}={value!r} must be {must_be}.")
+        return float(value)
+
     annotation = "float | None" if optional else "float"
     return Option(name, default, help, check, annotation, parse=float)
 
 
 def _choice(name: str, default: str | None, help: str, choices: tuple, **more: Any) -> Option:
     """An option that takes one of `choices` (or None where it is the default)."""
-    optional = default is None
-    check = _one_of(name, choices, optional)
-    annotation = "str | None" if optional else "str"
+
+    def check(value: Any) -> Any:
+        if value is None and default is None:
+            return None
+        if value not in choices:
+            extra = " (or None)" if default is None else ""
+            raise ValueError(f"{name}={value!r} must be one of {', '.join(choices)}{extra}.")
+        return value
+
+    annotation = "str | None" if default is None else "str"
     return Option(name, default, help, check, annotation, **{"parse": str, **more}, choices=choices)
 
 
@@ -463,19 +445,35 @@ LOCAL_OPTIONS = ("num_nodes", "node_rank", "master_addr", "use_port", "devices",
 POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
 
 
-def defaults() -> dict[str, Any]:
-    """Every option at its default."""
-    return {name: option.default for name, option in OPTIONS.items()}
-
-
 def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
-    """Every option, checked and in canonical form: the given ones, the rest defaults."""
-    check_names(given)
-    values = defaults()
+    """Every option, checked and in canonical form: the given ones, the rest defaults.
+
+    Unknown names are refused, suggesting the closest. Accelerate's rendezvous and
+    monitoring options change nothing in a fork launcher (workers always meet at a static
+    rendezvous the launching process hosts, and are watched continuously): a notebook
+    that sets them away from Accelerate's defaults runs, told once per option.
+    """
     for name, value in given.items():
-        if name in OPTIONS:
-            values[name] = OPTIONS[name].check(value)
-    return values
+        if name in OPTIONS or (name in ACCELERATE_ONLY and value == ACCELERATE_ONLY[name]):
+            continue
+        if name not in ACCELERATE_ONLY:
+            close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"notebook_launcher() got an unknown option {name!r}.{hint}")
+        if name not in _warned_ignored:
+            _warned_ignored.add(name)
+            warnings.warn(
+                f"notebook_launcher ignores {name}={value!r}: workers meet at a rendezvous "
+                "hosted by the launching process and are watched continuously, so it changes "
+                "nothing here.",
+                UserWarning,
+                stacklevel=2,
+            )
+    checked = {name: OPTIONS[name].check(value) for name, value in given.items() if name in OPTIONS}
+    return {**{name: option.default for name, option in OPTIONS.items()}, **checked}
+
+
+_warned_ignored: set[str] = set()
 
 
 def check_options_fit_place(values: Mapping[str, Any]) -> None:
@@ -500,39 +498,6 @@ def check_options_fit_place(values: Mapping[str, Any]) -> None:
     )
 
 
-def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -> None:
-    """Refuse unknown option names (suggesting the closest), and Accelerate's options
-    that have no use here unless they are at Accelerate's defaults."""
-    for name, value in given.items():
-        if name in OPTIONS:
-            continue
-        if name in ACCELERATE_ONLY:
-            if value != ACCELERATE_ONLY[name]:
-                _warn_ignored(name, value)
-            continue
-        close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"{caller} got an unknown option {name!r}.{hint}")
-
-
-_warned_ignored: set[str] = set()
-
-
-def _warn_ignored(name: str, value: Any) -> None:
-    """Accelerate's rendezvous and monitoring options change nothing in a fork launcher
-    (workers always meet at a static rendezvous the launching process hosts, and are
-    watched continuously): a notebook that sets them runs, told once per option."""
-    if name in _warned_ignored:
-        return
-    _warned_ignored.add(name)
-    warnings.warn(
-        f"notebook_launcher ignores {name}={value!r}: workers meet at a rendezvous hosted by "
-        "the launching process and are watched continuously, so it changes nothing here.",
-        UserWarning,
-        stacklevel=4,
-    )
-
-
 def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]:
     """Options passed by position (Accelerate's order) joined to those passed by name."""
     if len(positional) > len(POSITIONAL_OPTIONS):
@@ -547,23 +512,6 @@ def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]
             raise TypeError(f"notebook_launcher() got option {name!r} twice.")
         named[name] = value
     return named
-
-
-def signature_parameters() -> list[inspect.Parameter]:
-    """The options as keyword parameters, for `notebook_launcher`'s shown signature."""
-    kind = inspect.Parameter.KEYWORD_ONLY
-    return [
-        inspect.Parameter(name, kind, default=option.default, annotation=option.annotation)
-        for name, option in OPTIONS.items()
-    ]
-
-
-def docstring() -> str:
-    """The options' help, in a docstring's Args layout."""
-    lines = ["Launch options (also the keys of a launch file; see LaunchConfig):"]
-    for name, option in OPTIONS.items():
-        lines.append(f"    {name} (default {option.default!r}): {option.help}.")
-    return "\n".join(lines)
 
 
 # -- the launch file ------------------------------------------------------------------------
