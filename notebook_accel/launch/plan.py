@@ -73,14 +73,8 @@ class LaunchPlan:
     def in_process(self) -> bool:
         # A chosen GPU other than the first needs a worker of its own: this
         # process cannot narrow the GPUs it sees after the fact.
-        chose_another_gpu = self.devices not in (None, [0])
-        on_this_machine = self.cluster is None
-        return (
-            self.world_size == 1
-            and self.single_in_process
-            and on_this_machine
-            and not chose_another_gpu
-        )
+        one_here = self.world_size == 1 and self.single_in_process and self.cluster is None
+        return one_here and self.devices in (None, [0])
 
     def environment(self, port: int, attempt: int) -> dict[str, str]:
         """Variables every worker of this node gets (the rank ones come per worker)."""
