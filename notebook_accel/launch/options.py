@@ -222,6 +222,11 @@ def _choice(name: str, default: str | None, help: str, choices: tuple, **more: A
     return Option(name, default, help, check, annotation, **{"parse": str, **more}, choices=choices)
 
 
+def _switch(name: str, default: bool, help: str, **more: Any) -> Option:
+    """A yes-or-no option."""
+    return Option(name, default, help, bool, "bool", **more)
+
+
 OPTIONS: dict[str, Option] = {
     option.name: option
     for option in (
@@ -306,13 +311,11 @@ OPTIONS: dict[str, Option] = {
             "a positive number of seconds, or None to never show where a stalled run's ranks are",
             optional=True,
         ),
-        Option(
+        _switch(
             "post_mortem",
             False,
             "a worker whose function raises opens pdb on its frames, prompting in the cell "
             "(up/down, print, evaluate; c or q ends it); the other workers are stopped",
-            bool,
-            "bool",
             saved=False,
         ),
         Option(
@@ -323,14 +326,12 @@ OPTIONS: dict[str, Option] = {
             _fsdp,
             "bool | dict | None",
         ),
-        Option(
+        _switch(
             "warm",
             True,
             "after a run, import in this process (in the background) the device-free "
             "modules the workers had to import themselves, so that the next launch's "
             "workers start with them; last_run().warming says what and what it cost",
-            bool,
-            "bool",
             parse=_yes_no,
         ),
         _choice(
@@ -345,12 +346,10 @@ OPTIONS: dict[str, Option] = {
             f"forkserver and say why (default: auto, or ${ENV_START_METHOD})",
             choices=START_METHODS,
         ),
-        Option(
+        _switch(
             "return_all",
             False,
             "return every worker's value on this machine as a list ordered by rank",
-            bool,
-            "bool",
             saved=False,
         ),
         _choice(
@@ -362,13 +361,11 @@ OPTIONS: dict[str, Option] = {
             parse=None,
             saved=False,
         ),
-        Option(
+        _switch(
             "oversubscribe",
             False,
             "start CPU workers even beyond 8 per core, which is refused otherwise "
             "(more GPU or TPU workers than devices cannot run and is always refused)",
-            bool,
-            "bool",
             parse=_yes_no,
         ),
         _choice(

@@ -182,7 +182,15 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
                 "unset it for the default."
             )
     platform = plan.platform
-    problem = platform.fork_problem() or _device_tensors_problem(platform, plan.args, plan.kwargs)
+    # Workers of another platform (CPU ones) can be forked from a kernel that uses a
+    # device, but cannot read a device tensor they inherit.
+    foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {platform.name})
+    problem = platform.fork_problem() or (
+        f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
+        "worker cannot read (workers that start clean get them on the CPU)"
+        if foreign
+        else None
+    )
     method, reason = "fork", None
     if asked == "fork" and problem:
         raise LaunchRefused(
@@ -198,18 +206,6 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
         method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
     return dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
-
-
-def _device_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:
-    """Workers of another platform (CPU ones) can be forked from a kernel that uses a
-    device, but cannot read a device tensor they inherit."""
-    foreign = sorted(held_device_types((args, kwargs)) - {platform.name})
-    if foreign:
-        return (
-            f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
-            "worker cannot read (workers that start clean get them on the CPU)"
-        )
-    return None
 
 
 # Tensors of these device types are plain memory a forked worker can read.
