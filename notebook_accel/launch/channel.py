@@ -47,25 +47,19 @@ class WorkerPipes:
     @staticmethod
     def open() -> tuple[WorkerPipes, WorkerPipes]:
         """New pipes: (the launching process's read ends and link, the worker's ends)."""
-        ours, theirs = zip(os.pipe(), os.pipe(), os.pipe(), socket.socketpair(), strict=True)
-        return WorkerPipes(*map(_fd, ours)), WorkerPipes(*map(_fd, theirs))
+        link = [end.detach() for end in socket.socketpair()]
+        ours, theirs = zip(os.pipe(), os.pipe(), os.pipe(), link, strict=True)
+        return WorkerPipes(*ours), WorkerPipes(*theirs)
 
     def fds(self) -> list[int]:
-        """The descriptors, in the order of the fields."""
         return list(astuple(self))
 
     def named(self) -> list[tuple[str, int]]:
-        """(stream, descriptor) pairs."""
         return [(field.name, getattr(self, field.name)) for field in fields(self)]
 
     def close(self) -> None:
-        """Close every descriptor."""
         for fd in self.fds():
             os.close(fd)
-
-
-def _fd(end: int | socket.socket) -> int:
-    return end.detach() if isinstance(end, socket.socket) else end
 
 
 class ChannelWriter:

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.config.settings import LaunchSettings
-from notebook_accel.launch.options import OPTIONS, LaunchConfig, merged_with_file, name_positionals
+from notebook_accel.launch.options import OPTIONS, LaunchConfig, name_positionals
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.running import (  # noqa: F401 - their public place was here
     FreshStartWarning,
@@ -68,8 +68,9 @@ def notebook_launcher(
         KeyboardInterrupt: the run was interrupted; the workers are stopped.
     """
     given = name_positionals(positional, options)
-    if config is not None:
-        given = merged_with_file(given, config)
+    if config is not None:  # given means passed, whatever the value: it beats the file's
+        config = config if isinstance(config, LaunchConfig) else LaunchConfig.load(config)
+        given = {**config.launch_options(), **given}
     plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
     if detach:  # under a keeper: a process here, or a detached actor of the Ray cluster
         from notebook_accel.launch.runs.handle import start

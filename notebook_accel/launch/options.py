@@ -592,26 +592,18 @@ class LaunchConfig:
             try:
                 values[key] = SAVED_OPTIONS[key].check(yaml.safe_load(yaml.serialize(value_node)))
             except (TypeError, ValueError) as error:
-                raise ConfigError(f"{_line_of_bad_field(where, value_node)}: {error}") from None
+                line = _line_of_bad_field(value_node) or key_node.start_mark.line
+                raise ConfigError(f"{source}, line {line + 1}: {error}") from None
         return cls(**values)
 
 
-def _line_of_bad_field(where: str, node: Any) -> str:
-    """For the `fsdp:` section, the line of its first bad field (else the key's line)."""
+def _line_of_bad_field(node: Any) -> int | None:
+    """For the `fsdp:` section, the line of its first bad field."""
     import yaml
 
-    if not isinstance(node, yaml.MappingNode):
-        return where
-    for field_node, value_node in node.value:
+    for field_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
         try:
             normalize_fsdp({field_node.value: yaml.safe_load(yaml.serialize(value_node))})
         except ValueError:
-            return f"{where.rsplit(', line', 1)[0]}, line {field_node.start_mark.line + 1}"
-    return where
-
-
-def merged_with_file(given: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The file's options with the given ones on top (given means passed, whatever the value)."""
-    if not isinstance(config, LaunchConfig):
-        config = LaunchConfig.load(config)
-    return {**config.launch_options(), **given}
+            return field_node.start_mark.line
+    return None

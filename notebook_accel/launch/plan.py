@@ -1,8 +1,5 @@
-"""LaunchPlan: a checked launch, everything needed to start its workers.
-
-launch/preflight.py makes one (every check happens there); the launcher, the
-attempts, the groups of workers here and on a cluster run it.
-"""
+"""LaunchPlan, which launch/preflight.py makes (every check happens there); the launcher,
+the attempts, the groups of workers here and on a cluster run it."""
 
 from __future__ import annotations
 

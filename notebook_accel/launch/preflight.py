@@ -163,16 +163,10 @@ def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan
 
 
 def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
-    """`plan` with the start method `asked` comes to here, and why forking could not work
-    when "auto" chose another (`fresh_start_reason`); None asks for
-    $NOTEBOOK_ACCEL_START_METHOD, else "auto".
-
-    Forking is fast and needs nothing pickled, but a forked worker cannot use a
-    GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
-    "auto" then picks "forkserver": workers forked from a clean process started
-    once (launch/template.py); "spawn", asked for, starts a fresh interpreter
-    per worker. Raises LaunchRefused where the asked method cannot work, before
-    anything starts.
+    """`plan` with the start method `asked` comes to here (the `start_method` option's help
+    says what each does), and why forking could not work when "auto" chose another
+    (`fresh_start_reason`); None asks for $NOTEBOOK_ACCEL_START_METHOD, else "auto".
+    Raises LaunchRefused where the asked method cannot work, before anything starts.
     """
     if asked is None:
         asked = os.environ.get(ENV_START_METHOD) or "auto"
