@@ -9,6 +9,7 @@ cannot take the store with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass, field
@@ -111,10 +112,9 @@ class Rendezvous:
 
         from notebook_accel.platforms.joining import mark_left
 
-        try:
+        # A DistError: the store is going, and so is every rank that waited there.
+        with contextlib.suppress(dist.DistError):
             mark_left(self._store, rank, attempt)
-        except dist.DistError:
-            pass  # the store is going: so is every rank that waited there
 
     def __exit__(self, *exc_info: Any) -> None:
         with guarded():
