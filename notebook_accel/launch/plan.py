@@ -41,7 +41,6 @@ class LaunchPlan:
     output: str
     threads_per_process: int
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS
-    # Seconds without progress before the cell shows where each rank is (None: never).
     explain_hang_after: float | None = None
     # A single worker runs in this process unless a caller (the panel, which
     # must be able to stop it) asks for a worker process anyway.
