@@ -520,8 +520,7 @@ class ConfigError(ValueError):
 
 def _saved_option_fields(cls: type) -> type:
     """Give `cls` one dataclass field per saved option, with the option's default."""
-    annotations = {name: option.annotation for name, option in SAVED_OPTIONS.items()}
-    cls.__annotations__ = {**annotations, **cls.__dict__.get("__annotations__", {})}
+    cls.__annotations__ = {name: option.annotation for name, option in SAVED_OPTIONS.items()}
     for name, option in SAVED_OPTIONS.items():
         setattr(cls, name, option.default)  # every default is None or immutable
     return dataclass(cls)
@@ -583,16 +582,15 @@ class LaunchConfig:
             raise ConfigError(f"{source} must be a mapping of option names to values.")
         values = {}
         for key_node, value_node in root.value:
-            where = f"{source}, line {key_node.start_mark.line + 1}"
-            key = key_node.value
+            key, line = key_node.value, key_node.start_mark.line
             if key not in SAVED_OPTIONS:
                 close = difflib.get_close_matches(key, list(SAVED_OPTIONS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+                raise ConfigError(f"{source}, line {line + 1}: unknown key {key!r}{hint}")
             try:
                 values[key] = SAVED_OPTIONS[key].check(yaml.safe_load(yaml.serialize(value_node)))
             except (TypeError, ValueError) as error:
-                line = _line_of_bad_field(value_node) or key_node.start_mark.line
+                line = _line_of_bad_field(value_node) or line
                 raise ConfigError(f"{source}, line {line + 1}: {error}") from None
         return cls(**values)
 
