@@ -26,15 +26,11 @@ def open_group(
     `stop` ends the group's waits for as long as it runs; `interrupt`, when set
     while the workers are still being placed and started, abandons the start
     (a cluster can take seconds there). Both raise KeyboardInterrupt.
-
-    On this machine the store is hosted here and the workers are this
-    machine's processes; on a cluster the cluster's group does both
-    (launch/cluster/group.py).
     """
     if plan.cluster is not None:
         from notebook_accel.launch.cluster.group import open_cluster_group
 
-        spec = plan.worker_spec(0, attempt)
+        spec = plan.worker_spec(0, attempt)  # the cluster's group hosts the store
         timeout = plan.rendezvous_timeout
         opening = open_cluster_group(plan.cluster, spec, timeout, emit, stop, interrupt or stop)
         with opening as group:

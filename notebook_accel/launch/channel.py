@@ -47,25 +47,19 @@ class WorkerPipes:
     @staticmethod
     def open() -> tuple[WorkerPipes, WorkerPipes]:
         """New pipes: (the launching process's read ends and link, the worker's ends)."""
-        ours, theirs = zip(os.pipe(), os.pipe(), os.pipe(), socket.socketpair(), strict=True)
-        return WorkerPipes(*map(_fd, ours)), WorkerPipes(*map(_fd, theirs))
+        link = [end.detach() for end in socket.socketpair()]
+        ours, theirs = zip(os.pipe(), os.pipe(), os.pipe(), link, strict=True)
+        return WorkerPipes(*ours), WorkerPipes(*theirs)
 
     def fds(self) -> list[int]:
-        """The descriptors, in the order of the fields."""
         return list(astuple(self))
 
     def named(self) -> list[tuple[str, int]]:
-        """(stream, descriptor) pairs."""
         return [(field.name, getattr(self, field.name)) for field in fields(self)]
 
     def close(self) -> None:
-        """Close every descriptor."""
         for fd in self.fds():
             os.close(fd)
-
-
-def _fd(end: int | socket.socket) -> int:
-    return end.detach() if isinstance(end, socket.socket) else end
 
 
 class ChannelWriter:
@@ -162,15 +156,24 @@ class ChannelReader:
         """Take the next bytes of the stream; return the events they complete, in order."""
         self._buffer += data
         events: list[RunEvent] = []
-        while len(self._buffer) >= _HEADER.size:
-            (length,) = _HEADER.unpack_from(self._buffer)
-            end = _HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            body = bytes(self._buffer[_HEADER.size : end])
-            del self._buffer[:end]
+        for _, body in take_frames(self._buffer, _HEADER):
             try:
                 events.extend(pickle.loads(body))
             except Exception as error:  # noqa: BLE001 - e.g. a class this process lacks
                 events.append(Unreadable(self.rank, f"{type(error).__name__}: {error}"))
         return events
+
+
+def take_frames(buffer: bytearray, header: struct.Struct) -> list[tuple[tuple, bytes]]:
+    """The whole frames at the start of `buffer`, taken out of it: each frame's header
+    fields before its length (the header's last field), and its body."""
+    frames, start = [], 0
+    while len(buffer) - start >= header.size:
+        *fields, length = header.unpack_from(buffer, start)
+        end = start + header.size + length
+        if len(buffer) < end:
+            break
+        frames.append((tuple(fields), bytes(buffer[start + header.size : end])))
+        start = end
+    del buffer[:start]
+    return frames

@@ -9,14 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from notebook_accel.config.settings import LaunchSettings
-from notebook_accel.launch.options import (
-    LaunchConfig,
-    merged_with_file,
-    name_positionals,
-    signature_parameters,
-)
-from notebook_accel.launch.options import docstring as options_docstring
-from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.options import OPTIONS, LaunchConfig, name_positionals
 from notebook_accel.launch.preflight import plan_launch
 from notebook_accel.launch.running import (  # noqa: F401 - their public place was here
     FreshStartWarning,
@@ -75,41 +68,30 @@ def notebook_launcher(
         KeyboardInterrupt: the run was interrupted; the workers are stopped.
     """
     given = name_positionals(positional, options)
-    if config is not None:
-        given = merged_with_file(given, config)
+    if config is not None:  # given means passed, whatever the value: it beats the file's
+        config = config if isinstance(config, LaunchConfig) else LaunchConfig.load(config)
+        given = {**config.launch_options(), **given}
     plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
-    if detach:
-        return _start_detached(plan, live, observers)
-    main_rank = plan.node_rank * plan.local_world_size
-    console = ConsoleObserver(plan.output, main_rank=main_rank)
-    extra = list(observers or [])
-    if live is None or live:
-        from notebook_accel.views.live import live_view
+    if detach:  # under a keeper: a process here, or a detached actor of the Ray cluster
+        from notebook_accel.launch.runs.handle import start
 
-        view = live_view(plan, force=bool(live))
-        if view is not None:
-            extra.append(view)
-    return run_plan(plan, ObserverGroup([console, *extra]))
-
-
-def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None) -> Any:
-    """Start the run under a keeper (a process here, or a detached actor of the Ray
-    cluster); its view follows it under this cell."""
-    from notebook_accel.launch.runs.handle import start
-
-    # A single worker too runs in a process of its own: the kernel may go away.
-    run = start(dataclasses.replace(plan, single_in_process=False))
+        # A single worker too runs in a process of its own: the kernel may go away.
+        run = start(dataclasses.replace(plan, single_in_process=False))
     extra = list(observers or [])
     if live is None or live:
         from notebook_accel.views.live import WidgetView, live_view
 
-        # The view is drawn from a thread that follows the run: it shows the output
-        # too, since this cell prints nothing once it has returned.
-        view = live_view(plan, force=True, output="open")
-        if isinstance(view, WidgetView):
-            view.show()  # under this cell, before it returns
-        if view is not None:
-            extra.append(view)
+        if detach:  # drawn from a thread that follows the run: it shows the output too,
+            # since this cell prints nothing once it has returned
+            view = live_view(plan, force=True, output="open")
+            if isinstance(view, WidgetView):
+                view.show()  # under this cell, before it returns
+        else:
+            view = live_view(plan, force=bool(live))
+        extra.append(view)
+    if not detach:
+        console = ConsoleObserver(plan.output, main_rank=plan.node_rank * plan.local_world_size)
+        return run_plan(plan, ObserverGroup([console, *extra]))
     if extra:
         run.follow_in_background(ObserverGroup(extra))
     return run
@@ -117,19 +99,24 @@ def _start_detached(plan: LaunchPlan, live: bool | None, observers: list | None)
 
 # The options are defined once (launch/options.py); help() and a notebook's
 # Shift-Tab show them as keyword parameters, with their defaults and help.
-notebook_launcher.__signature__ = inspect.signature(notebook_launcher).replace(
+_signature = inspect.signature(notebook_launcher)
+notebook_launcher.__signature__ = _signature.replace(
     parameters=[
-        *[
-            parameter
-            for parameter in inspect.signature(notebook_launcher).parameters.values()
-            if parameter.kind is not inspect.Parameter.VAR_POSITIONAL
-            and parameter.kind is not inspect.Parameter.VAR_KEYWORD
-        ],
-        *signature_parameters(),
+        p for p in _signature.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    ]
+    + [
+        inspect.Parameter(
+            name, inspect.Parameter.KEYWORD_ONLY, default=o.default, annotation=o.annotation
+        )
+        for name, o in OPTIONS.items()
     ]
 )
 notebook_launcher.__doc__ = notebook_launcher.__doc__.replace(
-    "{options}", options_docstring().replace("\n", "\n    ")
+    "{options}",
+    "\n        ".join(
+        ["Launch options (also the keys of a launch file; see LaunchConfig):"]
+        + [f"{name} (default {o.default!r}): {o.help}." for name, o in OPTIONS.items()]
+    ),
 )
 
 

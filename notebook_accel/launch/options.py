@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import inspect
 import os
 import warnings
 from collections.abc import Callable, Mapping
@@ -77,31 +76,6 @@ class Option:
 # -- the checks, each with its one message ----------------------------------------------
 
 
-def _whole(name: str, minimum: int, optional: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be a whole number, got {value!r}.")
-        if value < minimum:
-            raise ValueError(f"{name}={value} must be at least {minimum}.")
-        return value
-
-    return check
-
-
-def _one_of(name: str, choices: tuple[str, ...], optional: bool = False) -> Callable[[Any], Any]:
-    def check(value: Any) -> Any:
-        if value is None and optional:
-            return None
-        if value not in choices:
-            extra = " (or None)" if optional else ""
-            raise ValueError(f"{name}={value!r} must be one of {', '.join(choices)}{extra}.")
-        return value
-
-    return check
-
-
 def _port(value: Any) -> int | None:
     if value is None or value == "":
         return None
@@ -133,22 +107,6 @@ def _devices(value: Any) -> list[int] | None:
     if not devices or len(set(devices)) != len(devices) or min(devices) < 0:
         raise ValueError(f"devices={devices} must list distinct GPU indices, at least one.")
     return devices
-
-
-def _number(
-    name: str, must_be: str, zero: bool = False, optional: bool = False
-) -> Callable[[Any], Any]:
-    """A number above 0 (or 0 too, with `zero`); `must_be` says what in the message."""
-
-    def check(value: Any) -> float | None:
-        if value is None and optional:
-            return None
-        number = not isinstance(value, bool) and isinstance(value, (int, float))
-        if not number or value < 0 or (value == 0 and not zero):
-            raise ValueError(f"{name}={value!r} must be {must_be}.")
-        return float(value)
-
-    return check
 
 
 def _fsdp(value: Any) -> dict | None:
@@ -212,9 +170,17 @@ def _backend(value: Any) -> Any:
 
 def _count(name: str, default: int | None, help: str, minimum: int, **more: Any) -> Option:
     """A whole-number option (None allowed where it is the default)."""
-    optional = default is None
-    check = _whole(name, minimum, optional)
-    annotation = "int | None" if optional else "int"
+
+    def check(value: Any) -> Any:
+        if value is None and default is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be a whole number, got {value!r}.")
+        if value < minimum:
+            raise ValueError(f"{name}={value} must be at least {minimum}.")
+        return value
+
+    annotation = "int | None" if default is None else "int"
     return Option(name, default, help, check, annotation, **{"parse": int, **more}, minimum=minimum)
 
 
@@ -226,18 +192,39 @@ def _decimal(
     optional: bool = False,
     zero: bool = False,
 ) -> Option:
-    """A number option (seconds, CPUs): above 0, or 0 too with `zero`."""
-    check = _number(name, must_be, zero, optional)
+    """A number option (seconds, CPUs): above 0, or 0 too with `zero`; `must_be` says what
+    in the message."""
+
+    def check(value: Any) -> float | None:
+        if value is None and optional:
+            return None
+        number = not isinstance(value, bool) and isinstance(value, (int, float))
+        if not number or value < 0 or (value == 0 and not zero):
+            raise ValueError(f"{name}={value!r} must be {must_be}.")
+        return float(value)
+
     annotation = "float | None" if optional else "float"
     return Option(name, default, help, check, annotation, parse=float)
 
 
 def _choice(name: str, default: str | None, help: str, choices: tuple, **more: Any) -> Option:
     """An option that takes one of `choices` (or None where it is the default)."""
-    optional = default is None
-    check = _one_of(name, choices, optional)
-    annotation = "str | None" if optional else "str"
+
+    def check(value: Any) -> Any:
+        if value is None and default is None:
+            return None
+        if value not in choices:
+            extra = " (or None)" if default is None else ""
+            raise ValueError(f"{name}={value!r} must be one of {', '.join(choices)}{extra}.")
+        return value
+
+    annotation = "str | None" if default is None else "str"
     return Option(name, default, help, check, annotation, **{"parse": str, **more}, choices=choices)
+
+
+def _switch(name: str, default: bool, help: str, **more: Any) -> Option:
+    """A yes-or-no option."""
+    return Option(name, default, help, bool, "bool", **more)
 
 
 OPTIONS: dict[str, Option] = {
@@ -324,13 +311,11 @@ OPTIONS: dict[str, Option] = {
             "a positive number of seconds, or None to never show where a stalled run's ranks are",
             optional=True,
         ),
-        Option(
+        _switch(
             "post_mortem",
             False,
             "a worker whose function raises opens pdb on its frames, prompting in the cell "
             "(up/down, print, evaluate; c or q ends it); the other workers are stopped",
-            bool,
-            "bool",
             saved=False,
         ),
         Option(
@@ -341,14 +326,12 @@ OPTIONS: dict[str, Option] = {
             _fsdp,
             "bool | dict | None",
         ),
-        Option(
+        _switch(
             "warm",
             True,
             "after a run, import in this process (in the background) the device-free "
             "modules the workers had to import themselves, so that the next launch's "
             "workers start with them; last_run().warming says what and what it cost",
-            bool,
-            "bool",
             parse=_yes_no,
         ),
         _choice(
@@ -363,12 +346,10 @@ OPTIONS: dict[str, Option] = {
             f"forkserver and say why (default: auto, or ${ENV_START_METHOD})",
             choices=START_METHODS,
         ),
-        Option(
+        _switch(
             "return_all",
             False,
             "return every worker's value on this machine as a list ordered by rank",
-            bool,
-            "bool",
             saved=False,
         ),
         _choice(
@@ -380,13 +361,11 @@ OPTIONS: dict[str, Option] = {
             parse=None,
             saved=False,
         ),
-        Option(
+        _switch(
             "oversubscribe",
             False,
             "start CPU workers even beyond 8 per core, which is refused otherwise "
             "(more GPU or TPU workers than devices cannot run and is always refused)",
-            bool,
-            "bool",
             parse=_yes_no,
         ),
         _choice(
@@ -463,19 +442,35 @@ LOCAL_OPTIONS = ("num_nodes", "node_rank", "master_addr", "use_port", "devices",
 POSITIONAL_OPTIONS = [name for name, option in OPTIONS.items() if option.positional]
 
 
-def defaults() -> dict[str, Any]:
-    """Every option at its default."""
-    return {name: option.default for name, option in OPTIONS.items()}
-
-
 def check_options(given: Mapping[str, Any]) -> dict[str, Any]:
-    """Every option, checked and in canonical form: the given ones, the rest defaults."""
-    check_names(given)
-    values = defaults()
+    """Every option, checked and in canonical form: the given ones, the rest defaults.
+
+    Unknown names are refused, suggesting the closest. Accelerate's rendezvous and
+    monitoring options change nothing in a fork launcher (workers always meet at a static
+    rendezvous the launching process hosts, and are watched continuously): a notebook
+    that sets them away from Accelerate's defaults runs, told once per option.
+    """
     for name, value in given.items():
-        if name in OPTIONS:
-            values[name] = OPTIONS[name].check(value)
-    return values
+        if name in OPTIONS or (name in ACCELERATE_ONLY and value == ACCELERATE_ONLY[name]):
+            continue
+        if name not in ACCELERATE_ONLY:
+            close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise TypeError(f"notebook_launcher() got an unknown option {name!r}.{hint}")
+        if name not in _warned_ignored:
+            _warned_ignored.add(name)
+            warnings.warn(
+                f"notebook_launcher ignores {name}={value!r}: workers meet at a rendezvous "
+                "hosted by the launching process and are watched continuously, so it changes "
+                "nothing here.",
+                UserWarning,
+                stacklevel=2,
+            )
+    checked = {name: OPTIONS[name].check(value) for name, value in given.items() if name in OPTIONS}
+    return {**{name: option.default for name, option in OPTIONS.items()}, **checked}
+
+
+_warned_ignored: set[str] = set()
 
 
 def check_options_fit_place(values: Mapping[str, Any]) -> None:
@@ -500,39 +495,6 @@ def check_options_fit_place(values: Mapping[str, Any]) -> None:
     )
 
 
-def check_names(given: Mapping[str, Any], caller: str = "notebook_launcher()") -> None:
-    """Refuse unknown option names (suggesting the closest), and Accelerate's options
-    that have no use here unless they are at Accelerate's defaults."""
-    for name, value in given.items():
-        if name in OPTIONS:
-            continue
-        if name in ACCELERATE_ONLY:
-            if value != ACCELERATE_ONLY[name]:
-                _warn_ignored(name, value)
-            continue
-        close = difflib.get_close_matches(name, [*OPTIONS, *ACCELERATE_ONLY], n=1)
-        hint = f" Did you mean {close[0]!r}?" if close else ""
-        raise TypeError(f"{caller} got an unknown option {name!r}.{hint}")
-
-
-_warned_ignored: set[str] = set()
-
-
-def _warn_ignored(name: str, value: Any) -> None:
-    """Accelerate's rendezvous and monitoring options change nothing in a fork launcher
-    (workers always meet at a static rendezvous the launching process hosts, and are
-    watched continuously): a notebook that sets them runs, told once per option."""
-    if name in _warned_ignored:
-        return
-    _warned_ignored.add(name)
-    warnings.warn(
-        f"notebook_launcher ignores {name}={value!r}: workers meet at a rendezvous hosted by "
-        "the launching process and are watched continuously, so it changes nothing here.",
-        UserWarning,
-        stacklevel=4,
-    )
-
-
 def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]:
     """Options passed by position (Accelerate's order) joined to those passed by name."""
     if len(positional) > len(POSITIONAL_OPTIONS):
@@ -549,23 +511,6 @@ def name_positionals(positional: tuple, given: dict[str, Any]) -> dict[str, Any]
     return named
 
 
-def signature_parameters() -> list[inspect.Parameter]:
-    """The options as keyword parameters, for `notebook_launcher`'s shown signature."""
-    kind = inspect.Parameter.KEYWORD_ONLY
-    return [
-        inspect.Parameter(name, kind, default=option.default, annotation=option.annotation)
-        for name, option in OPTIONS.items()
-    ]
-
-
-def docstring() -> str:
-    """The options' help, in a docstring's Args layout."""
-    lines = ["Launch options (also the keys of a launch file; see LaunchConfig):"]
-    for name, option in OPTIONS.items():
-        lines.append(f"    {name} (default {option.default!r}): {option.help}.")
-    return "\n".join(lines)
-
-
 # -- the launch file ------------------------------------------------------------------------
 
 
@@ -575,8 +520,7 @@ class ConfigError(ValueError):
 
 def _saved_option_fields(cls: type) -> type:
     """Give `cls` one dataclass field per saved option, with the option's default."""
-    annotations = {name: option.annotation for name, option in SAVED_OPTIONS.items()}
-    cls.__annotations__ = {**annotations, **cls.__dict__.get("__annotations__", {})}
+    cls.__annotations__ = {name: option.annotation for name, option in SAVED_OPTIONS.items()}
     for name, option in SAVED_OPTIONS.items():
         setattr(cls, name, option.default)  # every default is None or immutable
     return dataclass(cls)
@@ -638,35 +582,26 @@ class LaunchConfig:
             raise ConfigError(f"{source} must be a mapping of option names to values.")
         values = {}
         for key_node, value_node in root.value:
-            where = f"{source}, line {key_node.start_mark.line + 1}"
-            key = key_node.value
+            key, line = key_node.value, key_node.start_mark.line
             if key not in SAVED_OPTIONS:
                 close = difflib.get_close_matches(key, list(SAVED_OPTIONS), n=1)
                 hint = f"; did you mean {close[0]!r}?" if close else ""
-                raise ConfigError(f"{where}: unknown key {key!r}{hint}")
+                raise ConfigError(f"{source}, line {line + 1}: unknown key {key!r}{hint}")
             try:
                 values[key] = SAVED_OPTIONS[key].check(yaml.safe_load(yaml.serialize(value_node)))
             except (TypeError, ValueError) as error:
-                raise ConfigError(f"{_line_of_bad_field(where, value_node)}: {error}") from None
+                line = _line_of_bad_field(value_node) or line
+                raise ConfigError(f"{source}, line {line + 1}: {error}") from None
         return cls(**values)
 
 
-def _line_of_bad_field(where: str, node: Any) -> str:
-    """For the `fsdp:` section, the line of its first bad field (else the key's line)."""
+def _line_of_bad_field(node: Any) -> int | None:
+    """For the `fsdp:` section, the line of its first bad field."""
     import yaml
 
-    if not isinstance(node, yaml.MappingNode):
-        return where
-    for field_node, value_node in node.value:
+    for field_node, value_node in node.value if isinstance(node, yaml.MappingNode) else ():
         try:
             normalize_fsdp({field_node.value: yaml.safe_load(yaml.serialize(value_node))})
         except ValueError:
-            return f"{where.rsplit(', line', 1)[0]}, line {field_node.start_mark.line + 1}"
-    return where
-
-
-def merged_with_file(given: Mapping[str, Any], config: Any) -> dict[str, Any]:
-    """The file's options with the given ones on top (given means passed, whatever the value)."""
-    if not isinstance(config, LaunchConfig):
-        config = LaunchConfig.load(config)
-    return {**config.launch_options(), **given}
+            return field_node.start_mark.line
+    return None

@@ -22,6 +22,8 @@ import os
 import select
 import struct
 
+from notebook_accel.launch.channel import take_frames
+
 STDOUT, STDERR = "stdout", "stderr"
 # The shared pipe's name among a worker's pipes (the others: "stdout", "stderr", "channel").
 PYTHON_PIPE = "python"
@@ -75,46 +77,29 @@ def python_streams(pipe_fd: int) -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
 # -- the launching process's side --------------------------------------------------------
 
 
-class LineBuffer:
-    """Joins chunks of a stream into whole lines."""
-
-    def __init__(self) -> None:
-        self._pending = b""
-
-    def feed(self, data: bytes) -> list[str]:
-        """Take the next bytes; return the lines they complete (newline included)."""
-        *lines, self._pending = (self._pending + data).split(b"\n")
-        return [line.decode(errors="replace") + "\n" for line in lines]
-
-    def take_partial(self) -> str:
-        """The partial last line (a prompt), taken out of the buffer."""
-        rest, self._pending = self._pending, b""
-        return rest.decode(errors="replace")
-
-    def flush(self) -> list[str]:
-        """The partial last line, if any, with a newline added."""
-        rest = self.take_partial()
-        return [rest + "\n"] if rest else []
-
-
 class StreamLines:
     """The lines of one of a worker's descriptors (1 or 2), as (stream, line) pairs."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
-        self._lines = LineBuffer()
+        self._pending = b""
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
-        """Take the next bytes; return the lines they complete."""
-        return [(self.stream, line) for line in self._lines.feed(data)]
+        """Take the next bytes; return the lines they complete (newline included)."""
+        *lines, self._pending = (self._pending + data).split(b"\n")
+        return [(self.stream, line.decode(errors="replace") + "\n") for line in lines]
 
     def take_partial(self, stream: str) -> str:
         """The partial last line of `stream` (a prompt is stdout's), taken out."""
-        return self._lines.take_partial() if stream == self.stream else ""
+        if stream != self.stream:
+            return ""
+        rest, self._pending = self._pending, b""
+        return rest.decode(errors="replace")
 
     def flush(self) -> list[tuple[str, str]]:
         """The partial last line, if any, with a newline added."""
-        return [(self.stream, line) for line in self._lines.flush()]
+        rest = self.take_partial(self.stream)
+        return [(self.stream, rest + "\n")] if rest else []
 
 
 class FramedLines:
@@ -122,29 +107,20 @@ class FramedLines:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._lines = {STDOUT: LineBuffer(), STDERR: LineBuffer()}
+        self._lines = {STDOUT: StreamLines(STDOUT), STDERR: StreamLines(STDERR)}
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         """Take the next bytes; return the lines the whole frames among them complete."""
         self._buffer += data
         lines: list[tuple[str, str]] = []
-        start = 0
-        while len(self._buffer) - start >= _FRAME_HEADER.size:
-            stream_id, length = _FRAME_HEADER.unpack_from(self._buffer, start)
-            end = start + _FRAME_HEADER.size + length
-            if len(self._buffer) < end:
-                break
-            stream = _STREAM_NAMES[stream_id]
-            payload = bytes(self._buffer[start + _FRAME_HEADER.size : end])
-            lines += [(stream, line) for line in self._lines[stream].feed(payload)]
-            start = end
-        del self._buffer[:start]
+        for (stream_id,), payload in take_frames(self._buffer, _FRAME_HEADER):
+            lines += self._lines[_STREAM_NAMES[stream_id]].feed(payload)
         return lines
 
     def take_partial(self, stream: str) -> str:
         """The partial last line of `stream` (a prompt is stdout's), taken out."""
-        return self._lines[stream].take_partial()
+        return self._lines[stream].take_partial(stream)
 
     def flush(self) -> list[tuple[str, str]]:
         """Each stream's partial last line, if any, with a newline added."""
-        return [(stream, line) for stream, lines in self._lines.items() for line in lines.flush()]
+        return [line for lines in self._lines.values() for line in lines.flush()]

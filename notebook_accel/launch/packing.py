@@ -1,14 +1,9 @@
 """A notebook's function and arguments, by value: packed in the kernel, unpacked in a worker.
 
-Workers in fresh interpreters (launch/fresh.py) and calls to live workers
-(notebook_accel/live) get the function and its arguments this way, through
-cloudpickle, so a function, class or closure defined in a notebook cell works
-as it does in a forked worker. For a live worker, the functions and classes of
-the notebook are bound to the worker's own namespace instead of a copy of the
-kernel's globals, so that they all, helpers included, see what earlier calls
-and cells left there. A tensor on a GPU in the arguments (a model the
-kernel loaded and evaluated) arrives on the GPU of each worker that runs on
-CUDA, and on the CPU in a CPU worker: never on whichever GPU the kernel used.
+Workers in fresh interpreters (launch/fresh.py), calls to live workers
+(notebook_accel/live) and workers on a cluster get the function and its arguments
+this way, through cloudpickle, so a function, class or closure defined in a notebook
+cell works as it does in a forked worker.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import pickle
 import sys
 import types
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import cloudpickle
@@ -137,7 +133,7 @@ def _modules_beside_the_code() -> list[types.ModuleType]:
 
     paths = sysconfig.get_paths()
     roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    roots += site.getsitepackages()
     roots.append(site.getusersitepackages())
     installed = tuple(os.path.join(os.path.realpath(root), "") for root in roots if root)
     found = []
@@ -169,12 +165,8 @@ class _WorkerPickler(cloudpickle.Pickler):
         if isinstance(obj, types.CodeType):
             self.code_files.add(obj.co_filename)
             return marshal.loads, (marshal.dumps(obj),)
-        torch = sys.modules.get("torch")
-        if (
-            torch is not None
-            and isinstance(obj, torch.Tensor)
-            and obj.device.type not in ("cpu", "meta")
-        ):
+        torch = sys.modules.get("torch")  # no tensor to ship unless torch is imported
+        if torch and isinstance(obj, torch.Tensor) and obj.device.type not in ("cpu", "meta"):
             is_parameter = isinstance(obj, torch.nn.Parameter)
             shipped = obj.detach().cpu()
             return _on_worker_device, (shipped, is_parameter, obj.requires_grad, obj.device.type)
@@ -291,43 +283,34 @@ def unpack_in_namespace(shipped: bytes, namespace: dict[str, Any]) -> tuple[Any,
     held = dict(namespace)
     payload, changed = _payload(shipped)
     function, args, kwargs = _LiveUnpickler(io.BytesIO(payload), namespace).load()
-    from_kernel = _from_kernel(namespace)
+    # namespace (by id: one per worker process, alive as long as it) -> its names' values
+    # as they came from the kernel
+    from_kernel = _kernel_values.setdefault(id(namespace), {})
     for name, value in held.items():
         arrived = namespace.get(name)
         if arrived is value or _defined_in_notebook(arrived):
             continue
-        if name in changed and name in from_kernel and from_kernel[name].holds(value):
+        if name in changed and name in from_kernel and from_kernel[name]() is value:
             continue  # the kernel changed it, and the worker had not: the kernel's
         namespace[name] = value
     for name, value in namespace.items():
         if name not in held or held[name] is not value:
-            from_kernel[name] = _Held(value)
+            from_kernel[name] = _held(value)
     if _defined_in_notebook(function) and function.__qualname__.isidentifier():
         namespace[function.__qualname__] = function  # not a lambda, not nested
     return function, args, kwargs
 
 
-class _Held:
-    """A value a live worker took from the kernel (weakly where it can: a name the
-    worker rebinds must not keep the old value alive)."""
-
-    def __init__(self, value: Any) -> None:
-        try:
-            self._ref: Any = weakref.ref(value)
-        except TypeError:
-            self._ref = lambda: value
-
-    def holds(self, value: Any) -> bool:
-        return self._ref() is value
+def _held(value: Any) -> Callable[[], Any]:
+    """A value a live worker took from the kernel, which the call returns (weakly where it
+    can: a name the worker rebinds must not keep the old value alive)."""
+    try:
+        return weakref.ref(value)
+    except TypeError:
+        return lambda: value
 
 
-# namespace (by id: one per worker process, alive as long as it) -> its names' values
-# as they came from the kernel
-_kernel_values: dict[int, dict[str, _Held]] = {}
-
-
-def _from_kernel(namespace: dict[str, Any]) -> dict[str, _Held]:
-    return _kernel_values.setdefault(id(namespace), {})
+_kernel_values: dict[int, dict[str, Callable[[], Any]]] = {}
 
 
 def _defined_in_notebook(value: Any) -> bool:

@@ -1,8 +1,5 @@
-"""LaunchPlan: a checked launch, everything needed to start its workers.
-
-launch/preflight.py makes one (every check happens there); the launcher, the
-attempts, the groups of workers here and on a cluster run it.
-"""
+"""LaunchPlan, which launch/preflight.py makes (every check happens there); the launcher,
+the attempts, the groups of workers here and on a cluster run it."""
 
 from __future__ import annotations
 
@@ -44,7 +41,6 @@ class LaunchPlan:
     output: str
     threads_per_process: int
     rendezvous_timeout: float = RENDEZVOUS_TIMEOUT_SECONDS
-    # Seconds without progress before the cell shows where each rank is (None: never).
     explain_hang_after: float | None = None
     # A single worker runs in this process unless a caller (the panel, which
     # must be able to stop it) asks for a worker process anyway.
@@ -73,14 +69,8 @@ class LaunchPlan:
     def in_process(self) -> bool:
         # A chosen GPU other than the first needs a worker of its own: this
         # process cannot narrow the GPUs it sees after the fact.
-        chose_another_gpu = self.devices not in (None, [0])
-        on_this_machine = self.cluster is None
-        return (
-            self.world_size == 1
-            and self.single_in_process
-            and on_this_machine
-            and not chose_another_gpu
-        )
+        one_here = self.world_size == 1 and self.single_in_process and self.cluster is None
+        return one_here and self.devices in (None, [0])
 
     def environment(self, port: int, attempt: int) -> dict[str, str]:
         """Variables every worker of this node gets (the rank ones come per worker)."""

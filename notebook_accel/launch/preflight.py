@@ -54,22 +54,17 @@ def plan_launch(
     _check_not_in_worker()
     args, kwargs = _check_call(function, args, kwargs)
     check_options_fit_place(values)
+    cluster = None
     if values["cluster"] == "ray":  # Ray places the workers (launch/cluster)
-        platform, request = place_on_cluster(values, function, args, kwargs)
-        where: dict[str, Any] = {
-            "local_world_size": request.workers,
-            "single_in_process": False,
-            "cluster": request,
-        }
+        platform, cluster = place_on_cluster(values, function, args, kwargs)
+        local_world_size, single_in_process = cluster.workers, False
     else:
         _check_nodes(values)
         hardware = hardware or detect()
-        platform, local_processes = choose_workers(values, hardware)
+        platform, local_world_size = choose_workers(values, hardware)
         platform.check_precision(values["mixed_precision"], hardware)
-        where = {
-            "local_world_size": local_processes,
-            "single_in_process": single_in_process and platform.single_worker_in_process,
-        }
+        single_in_process = single_in_process and platform.single_worker_in_process
+    use_port, num_nodes = values["use_port"], values["num_nodes"]
     plan = LaunchPlan(
         function=function,
         args=args,
@@ -81,10 +76,12 @@ def plan_launch(
             values["gradient_accumulation_steps"],
             fsdp=values["fsdp"],
         ),
-        num_nodes=values["num_nodes"],
+        local_world_size=local_world_size,
+        num_nodes=num_nodes,
         node_rank=values["node_rank"],
         master_addr=values["master_addr"],
-        port=_port(values),
+        # Across machines the port is fixed: the machines must agree on it without talking.
+        port=DEFAULT_MULTINODE_PORT if use_port is None and num_nodes > 1 else use_port,
         devices=values["devices"],
         max_restarts=values["max_restarts"],
         timeout=values["timeout"],
@@ -94,7 +91,8 @@ def plan_launch(
         threads_per_process=values["threads_per_process"] or 1,
         warm=values["warm"],
         post_mortem=values["post_mortem"],
-        **where,
+        single_in_process=single_in_process,
+        cluster=cluster,
     )
     if plan.cluster is not None:  # the cluster's agents fork the workers
         return plan
@@ -127,14 +125,7 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
         num_processes = platform.default_num_processes(hardware)
         if num_processes < 1:
             raise RuntimeError(f"this machine has no {platform.device_noun} to run on.")
-    _check_devices_fit(
-        platform,
-        num_processes,
-        devices,
-        platform.device_count(hardware),
-        oversubscribe=values.get("oversubscribe", False),
-        summary=platform.devices_summary(hardware),
-    )
+    _check_devices_fit(platform, num_processes, devices, hardware, values["oversubscribe"])
     return platform, platform.worker_processes(num_processes, hardware)
 
 
@@ -151,12 +142,6 @@ def _check_nodes(values: dict[str, Any]) -> None:
             "have to be agreed between machines. Use `notebook-accel launch` (torchrun) "
             "for elastic multi-node runs."
         )
-
-
-def _port(values: dict[str, Any]) -> int | None:
-    if values["use_port"] is None and values["num_nodes"] > 1:
-        return DEFAULT_MULTINODE_PORT  # the machines must agree on it without talking
-    return values["use_port"]
 
 
 def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan:
@@ -178,16 +163,10 @@ def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan
 
 
 def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
-    """`plan` with the start method `asked` comes to here, and why forking could not work
-    when "auto" chose another (`fresh_start_reason`); None asks for
-    $NOTEBOOK_ACCEL_START_METHOD, else "auto".
-
-    Forking is fast and needs nothing pickled, but a forked worker cannot use a
-    GPU (or TPU) runtime its parent started, nor a GPU tensor it inherited.
-    "auto" then picks "forkserver": workers forked from a clean process started
-    once (launch/template.py); "spawn", asked for, starts a fresh interpreter
-    per worker. Raises LaunchRefused where the asked method cannot work, before
-    anything starts.
+    """`plan` with the start method `asked` comes to here (the `start_method` option's help
+    says what each does), and why forking could not work when "auto" chose another
+    (`fresh_start_reason`); None asks for $NOTEBOOK_ACCEL_START_METHOD, else "auto".
+    Raises LaunchRefused where the asked method cannot work, before anything starts.
     """
     if asked is None:
         asked = os.environ.get(ENV_START_METHOD) or "auto"
@@ -197,7 +176,15 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
                 "unset it for the default."
             )
     platform = plan.platform
-    problem = platform.fork_problem() or _device_tensors_problem(platform, plan.args, plan.kwargs)
+    # Workers of another platform (CPU ones) can be forked from a kernel that uses a
+    # device, but cannot read a device tensor they inherit.
+    foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {platform.name})
+    problem = platform.fork_problem() or (
+        f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
+        "worker cannot read (workers that start clean get them on the CPU)"
+        if foreign
+        else None
+    )
     method, reason = "fork", None
     if asked == "fork" and problem:
         raise LaunchRefused(
@@ -213,18 +200,6 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
         method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
     return dataclasses.replace(plan, start_method=method, fresh_start_reason=reason)
-
-
-def _device_tensors_problem(platform: Platform, args: tuple, kwargs: dict) -> str | None:
-    """Workers of another platform (CPU ones) can be forked from a kernel that uses a
-    device, but cannot read a device tensor they inherit."""
-    foreign = sorted(held_device_types((args, kwargs)) - {platform.name})
-    if foreign:
-        return (
-            f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
-            "worker cannot read (workers that start clean get them on the CPU)"
-        )
-    return None
 
 
 # Tensors of these device types are plain memory a forked worker can read.
@@ -305,11 +280,10 @@ def _check_devices_fit(
     platform: Platform,
     wanted: int,
     devices: list[int] | None,
-    available: int,
-    oversubscribe: bool = False,
-    summary: str = "",
+    hardware: Hardware,
+    oversubscribe: bool,
 ) -> None:
-    noun = platform.device_noun
+    noun, available = platform.device_noun, platform.device_count(hardware)
     if devices is not None and max(devices) >= available:
         raise ValueError(
             f"devices={devices} names {noun} {max(devices)}, but this machine has "
@@ -330,7 +304,7 @@ def _check_devices_fit(
             )
         warnings.warn(f"{message}; the workers will share them and run slower.", stacklevel=5)
         return
-    if summary:
+    if summary := platform.devices_summary(hardware):
         message += f" ({summary})"
     fewer = " or fewer" if available > 1 else " or leave it unset"
     raise ValueError(f"{message}. Pass num_processes={available}{fewer}.")

@@ -9,13 +9,16 @@ cannot take the store with it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+from dataclasses import dataclass, field
 from typing import Any
 
 from notebook_accel.launch.forking import forget_parent_only, guarded, parent_only
 
 
+@dataclass(eq=False)
 class Rendezvous:
     """The store on a bound port: `with Rendezvous(...)`, fork the workers, `serve()`.
 
@@ -35,25 +38,16 @@ class Rendezvous:
     the first) nothing is bound: that machine's workers reach the first's.
     """
 
-    def __init__(
-        self,
-        host: str,
-        port: int | None,
-        timeout: float,
-        bind_host: str | None = None,
-        hosts: bool = True,
-        forks: bool = False,
-    ):
-        self.host = host
-        self.port = port
-        self.timeout = timeout
-        self._bind_host = host if bind_host is None else bind_host
-        self._hosts = hosts
-        # Workers are forked while it is open: list its descriptors for them to close.
-        self._forks = forks
-        self._socket: socket.socket | None = None
-        self._store = None
-        self._store_fd: int | None = None
+    host: str
+    port: int | None
+    timeout: float
+    bind_host: str | None = None
+    hosts: bool = True
+    # Workers are forked while it is open: list its descriptors for them to close.
+    forks: bool = False
+    _socket: socket.socket | None = field(default=None, init=False)
+    _store: Any = field(default=None, init=False)
+    _store_fd: int | None = field(default=None, init=False)
 
     @classmethod
     def for_plan(cls, plan: Any, forks: bool = False) -> Rendezvous:
@@ -70,11 +64,12 @@ class Rendezvous:
         )
 
     def __enter__(self) -> Rendezvous:
-        if self._hosts:
+        if self.hosts:
             try:
                 with guarded():
-                    self._socket = _listening_socket(self._bind_host, self.port)
-                    if self._forks:
+                    bind_host = self.host if self.bind_host is None else self.bind_host
+                    self._socket = _listening_socket(bind_host, self.port)
+                    if self.forks:
                         parent_only(self._socket.fileno())
                     self.port = self._socket.getsockname()[1]
             except BaseException:  # a with statement does not call __exit__ for this
@@ -104,7 +99,7 @@ class Rendezvous:
             except BaseException:
                 _close_if_still_a_copy(listen_fd, self._socket)
                 raise
-            if self._forks:  # closed by the store; the workers of a later launch skip it
+            if self.forks:  # closed by the store; the workers of a later launch skip it
                 self._store_fd = listen_fd
                 parent_only(listen_fd)
 
@@ -117,10 +112,9 @@ class Rendezvous:
 
         from notebook_accel.platforms.joining import mark_left
 
-        try:
+        # A DistError: the store is going, and so is every rank that waited there.
+        with contextlib.suppress(dist.DistError):
             mark_left(self._store, rank, attempt)
-        except dist.DistError:
-            pass  # the store is going: so is every rank that waited there
 
     def __exit__(self, *exc_info: Any) -> None:
         with guarded():
@@ -130,7 +124,7 @@ class Rendezvous:
                 self._store_fd = None
             if self._socket is not None:
                 listener, self._socket = self._socket, None
-                if self._forks:
+                if self.forks:
                     forget_parent_only(listener.fileno())
                 listener.close()
 

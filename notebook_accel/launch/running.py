@@ -1,8 +1,5 @@
-"""run_plan: run a checked launch plan to its end, with its report and observers.
-
-The launcher (launcher.py), the panel, the command line and a detached run's
-keeper (runs/keeper.py) all run a launch through here.
-"""
+"""run_plan: run a checked launch plan to its end, with its report and observers; the
+launcher, the panel, the command line and a detached run's keeper all run launches here."""
 
 from __future__ import annotations
 
@@ -53,7 +50,7 @@ def run_plan(
     stop: StopSignal | None = None,
     report: RunReport | None = None,
 ) -> Any:
-    """Run a checked launch plan; the panel and the command line call this too.
+    """Run a checked launch plan.
 
     Every event of the run is folded into `report` (a new one unless given),
     then handed to `observer` with it. `stop` lets another thread end the run
