@@ -1,22 +1,13 @@
 """The launching process's side of a group of workers: start, watch, stop.
 
-`WorkerGroupBase` is what every group does with what its workers send: it
-turns output into whole lines and channel bytes into events, records exits
-and failures, and runs the loop that waits for them with a deadline, a stop
-signal and a settling time after the first failure. Where the workers run is
-a subclass: `WorkerGroup` here (processes on this machine), and the Ray
-cluster's group in launch/cluster/group.py.
-
-`WorkerGroup` waits on one selector for everything a worker can do: write
-output, send an event down its channel, or exit (its sentinel). Nothing
-blocks without a deadline, and `stop()` always leaves no worker behind:
-SIGTERM, a short grace period, then SIGKILL, as torch.distributed.elastic
-does. Each worker leads its own process group, and `stop()` kills those
-groups too, so what a worker started goes with it; a janitor process
-(launch/forking.py) does the same if this process dies. What runs inside
-each worker is launch/worker.py; workers are forked, or started in fresh
-interpreters (launch/fresh.py), or forked from a template process started
-once (launch/template.py), when the kernel can no longer fork them.
+`WorkerGroupBase` handles what the workers send, wherever they run; `WorkerGroup`
+runs them on this machine (a Ray cluster's group is launch/cluster/group.py). It
+waits on one selector for everything a worker can do: write output, send an event
+down its channel, or exit (its sentinel). Nothing blocks without a deadline, and
+`stop()` always leaves no worker behind: SIGTERM, a short grace period, then
+SIGKILL, as torch.distributed.elastic does. Each worker leads its own process
+group, and `stop()` kills those groups too, so what a worker started goes with it;
+a janitor process (launch/forking.py) does the same if this process dies.
 """
 
 from __future__ import annotations
@@ -118,9 +109,7 @@ class StopSignal:
     def set(self) -> None:
         """Ask the run to stop (once; later calls do nothing)."""
         with self._lock:
-            if not self._set and not self._closed:
-                self._set = True
-                os.write(self._write, b"x")
+            self.set_from_signal_handler()
 
     def set_from_signal_handler(self) -> None:
         """`set()` without the lock, for a signal handler: the thread it interrupts
@@ -375,13 +364,9 @@ class WorkerGroupBase:
         KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
-        listening = (
-            self._listening_to(stop)
-            if stop is not None and stop is not self.stop_signal
-            else contextlib.nullcontext()
-        )
+        own_stop = stop is not None and stop is not self.stop_signal
         self._progressed()  # a wait starts: what came before (an idle live group) is no hang
-        with listening:
+        with self._listening_to(stop) if own_stop else contextlib.nullcontext():
             settle_until: float | None = None
             while not done():
                 if settle_until is not None and self._settled(settle_until):
@@ -405,17 +390,15 @@ class WorkerGroupBase:
 
     def _settled(self, settle_until: float) -> bool:
         """Whether the failures are all in: the settle period is over, and every worker
-        that raised has exited (or RAISED_EXIT_SECONDS more have passed)."""
+        that raised has exited (or RAISED_EXIT_SECONDS more have passed). One in its
+        post-mortem debugger is not exiting: it ends when the user is done."""
         now = time.monotonic()
         if now < settle_until:
             return False
-        return now >= settle_until + RAISED_EXIT_SECONDS or not self._a_raised_worker_exiting()
-
-    def _a_raised_worker_exiting(self) -> bool:
-        # One in its post-mortem debugger is not exiting: it ends when the user is done.
-        return any(
+        exiting = any(
             w.error is not None and not w.ended and not w.in_post_mortem for w in self.workers
         )
+        return not exiting or now >= settle_until + RAISED_EXIT_SECONDS
 
     def _settle_wake(self, settle_until: float | None) -> float | None:
         """When the wait for failures next needs a look (an exit wakes it sooner)."""
@@ -673,22 +656,20 @@ class WorkerGroup(WorkerGroupBase):
         # name lookups while these forks copy the process.
         with guarded(), heap_frozen():
             self._janitor.start()
+            spec_fd = None
             if self.spec.start_method in ("spawn", "forkserver"):
-                self._start_fresh()
+                # A fresh interpreter per worker, or forked from the template (started once).
+                start = FreshProcess if self.spec.start_method == "spawn" else TemplateProcess
+                spec_fd = ship(self.spec)  # pickled once, read by every worker
+                make = functools.partial(start, spec_fd)
             else:
-                context = ForkContext()
+                make = functools.partial(self._forked, ForkContext())
+            try:
                 for local_rank in self.local_ranks:
-                    self._start_one(functools.partial(self._forked, context), local_rank)
-
-    def _start_fresh(self) -> None:
-        # A fresh interpreter per worker, or forked from the template (started once).
-        start = FreshProcess if self.spec.start_method == "spawn" else TemplateProcess
-        spec_fd = ship(self.spec)  # pickled once, read by every worker
-        try:
-            for local_rank in self.local_ranks:
-                self._start_one(functools.partial(start, spec_fd), local_rank)
-        finally:
-            os.close(spec_fd)
+                    self._start_one(make, local_rank)
+            finally:
+                if spec_fd is not None:
+                    os.close(spec_fd)
 
     def _forked(
         self,
@@ -729,14 +710,11 @@ class WorkerGroup(WorkerGroupBase):
         self.workers.append(worker)
         for stream, fd in ours.named():
             reader = ChannelReader(worker.rank) if fd == ours.channel else None
-            self._watch(fd, WorkerPipe(worker, stream, reader))
+            os.set_blocking(fd, False)
+            self._pipes[fd] = WorkerPipe(worker, stream, reader)
+            self._selector.register(fd, selectors.EVENT_READ)
         self._sentinels[process.sentinel] = worker
         self._selector.register(process.sentinel, selectors.EVENT_READ)
-
-    def _watch(self, fd: int, pipe: WorkerPipe) -> None:
-        os.set_blocking(fd, False)
-        self._pipes[fd] = pipe
-        self._selector.register(fd, selectors.EVENT_READ)
 
     # -- watching --------------------------------------------------------------
 
@@ -765,13 +743,10 @@ class WorkerGroup(WorkerGroupBase):
     def _sample_resources(self) -> None:
         self._next_sample = time.monotonic() + RESOURCE_SAMPLE_SECONDS
         for worker in self.workers:
-            if worker.exitcode is not None:
-                continue
-            try:
-                rss = psutil.Process(worker.process.pid).memory_info().rss
-            except psutil.Error:
-                continue
-            self.emit(ResourceSample(worker.rank, rss))
+            with contextlib.suppress(psutil.Error):
+                if worker.exitcode is None:
+                    rss = psutil.Process(worker.process.pid).memory_info().rss
+                    self.emit(ResourceSample(worker.rank, rss))
 
     def _handle(self, fd: int) -> None:
         # An fd may have been closed earlier in the same batch of events.
@@ -947,10 +922,8 @@ def _how_it_ended(worker: SupervisedWorker) -> str:
 def _descendants(pids: list[int]) -> list[psutil.Process]:
     found = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.Error):
             found += psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            pass
     return found
 
 
