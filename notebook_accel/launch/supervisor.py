@@ -267,7 +267,6 @@ class WorkerGroupBase:
     in `poll_until`: output to `take`, exits to `exited`.
     """
 
-    # After the first failure, how long to keep listening for the one that caused it.
     settle_seconds = SETTLE_SECONDS
 
     def __init__(self, spec: WorkerSpec, emit: Emit, stop: StopSignal | None = None):
@@ -441,29 +440,21 @@ class WorkerGroupBase:
 
     def explain_where(self, reason: str) -> None:
         """Ask every running worker for its Python stacks and show where each rank is
-        (an event the cell prints). Workers that cannot be signalled here are skipped."""
-        running = [w for w in self.workers if not w.ended]
-        asked = []
-        for worker in running:
-            worker.stacks.expect()
-            try:
-                self.signal(worker.rank, STACK_SIGNAL)
-            except NotImplementedError:  # workers elsewhere (a cluster's): no signal to send
-                worker.stacks.finish()
-                continue
-            asked.append(worker)
+        (an event the cell prints)."""
+        asked = [w for w in self.workers if not w.ended]
         if not asked:
             return
+        for worker in asked:
+            worker.stacks.expect()
+            self.signal(worker.rank, STACK_SIGNAL)
         deadline = time.monotonic() + STACKS_WAIT_SECONDS
-        answered_at: float | None = None
+        settling = False
         while time.monotonic() < deadline:
             # Each worker's dump, and its note (a worker that holds the GIL sends none:
             # it is shown from its stack alone, after STACKS_WAIT_SECONDS).
-            answered = all((w.stacks.threads and w.stacks.note) or w.ended for w in asked)
-            if answered_at is None and answered:
-                answered_at = time.monotonic()
-            if answered_at is not None and time.monotonic() >= answered_at + STACKS_SETTLE_SECONDS:
-                break
+            if not settling and all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
+                settling = True
+                deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
         ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
@@ -549,8 +540,8 @@ class WorkerGroupBase:
         try:
             deadline = time.monotonic() + ANSWER_WRITE_SECONDS
             self.send(worker.rank, frame(Answer(line, reason)), deadline)
-        except (OSError, TimeoutError, NotImplementedError):
-            pass  # it is gone, or cannot be answered from here: its read fails
+        except (OSError, TimeoutError):
+            pass  # it is gone: its read fails
         if pressed:
             if self.stop_signal is None:
                 raise KeyboardInterrupt("the run was stopped")
@@ -569,8 +560,7 @@ class WorkerGroupBase:
             if other is worker or other.ended or other.stopped_for_peer or other.error is not None:
                 continue
             other.stopped_for_peer = True
-            with contextlib.suppress(NotImplementedError):
-                self.signal(other.rank, signal.SIGTERM)
+            self.signal(other.rank, signal.SIGTERM)
 
     def exited(self, worker: SupervisedWorker, exitcode: int | None, lost: str = "") -> None:
         """Record that `worker` exited with `exitcode` (or was lost, saying why), once
