@@ -309,7 +309,8 @@ def worker_pdb() -> object:
     class WorkerPdb(_python_pdb_class()):  # type: ignore[misc]
         def get_stack(self, f, t):  # type: ignore[no-untyped-def]
             stack, index = super().get_stack(f, t)
-            ours = [n for n, (frame, _) in enumerate(stack) if _is_scaffolding(frame)]
+            files = [frame.f_code.co_filename for frame, _ in stack]
+            ours = [n for n, file in enumerate(files) if _SCAFFOLDING.search(file)]
             if not ours or ours[-1] >= index:  # stopped in our own code: show it all
                 return stack, index
             cut = ours[-1] + 1
@@ -318,10 +319,6 @@ def worker_pdb() -> object:
     # nosigint: the launcher owns the stop button; pdb's own SIGINT handler would not
     # reach a worker, and a live worker's handler must stay.
     return WorkerPdb(nosigint=True)
-
-
-def _is_scaffolding(frame: FrameType) -> bool:
-    return bool(_SCAFFOLDING.search(frame.f_code.co_filename))
 
 
 def _in_debugger(frame: FrameType | None) -> bool:
