@@ -512,8 +512,6 @@ class WorkerGroupBase:
         prompt = self.take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed, shown = None, NO_PROMPTER, False, False
-        # Where nobody attends the prompt (a script's stdin that is a pipe), its time
-        # counts towards the timeout, and the wait ends there: an unattended run ends.
         attended = self.prompter is None or self.prompter.attended()
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
@@ -537,11 +535,9 @@ class WorkerGroupBase:
             self._progressed()
         if line is None and prompt and not shown:  # not asked: the text stays in the output
             self.emit(OutputLine(worker.rank, "stdout", prompt + "\n"))
-        try:
+        with contextlib.suppress(OSError, TimeoutError):  # it is gone: its read fails
             deadline = time.monotonic() + ANSWER_WRITE_SECONDS
             self.send(worker.rank, frame(Answer(line, reason)), deadline)
-        except (OSError, TimeoutError):
-            pass  # it is gone: its read fails
         if pressed:
             if self.stop_signal is None:
                 raise KeyboardInterrupt("the run was stopped")
@@ -574,9 +570,7 @@ class WorkerGroupBase:
 
     def failed_workers(self) -> list[SupervisedWorker]:
         """The workers that raised, exited with a non-zero code or a signal, or were lost."""
-        return [
-            w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0 or bool(w.lost)
-        ]
+        return [w for w in self.workers if w.error is not None or w.exitcode or w.lost]
 
     @staticmethod
     def _failures_cause_first(workers: list[SupervisedWorker]) -> list[WorkerFailure]:
@@ -623,8 +617,8 @@ class WorkerGroup(WorkerGroupBase):
         local_ranks: list[int] | None = None,
     ):
         super().__init__(spec, emit, stop)
-        self.local_ranks = (
-            list(range(spec.local_world_size)) if local_ranks is None else list(local_ranks)
+        self.local_ranks = list(
+            range(spec.local_world_size) if local_ranks is None else local_ranks
         )
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
@@ -797,7 +791,6 @@ class WorkerGroup(WorkerGroupBase):
         return list(pipes.values())
 
     def take_prompt(self, worker: SupervisedWorker) -> str:
-        # What it wrote before the prompt is shown first.
         return "".join(p.lines.take_partial("stdout") for p in self.drain_output(worker))
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
@@ -826,14 +819,12 @@ class WorkerGroup(WorkerGroupBase):
             if pipe.stream == "channel":
                 link = socket.socket(fileno=fd)
                 try:
-                    link.shutdown(socket.SHUT_WR)
-                except OSError:  # the worker is gone
-                    pass
+                    with contextlib.suppress(OSError):  # the worker is gone
+                        link.shutdown(socket.SHUT_WR)
                 finally:
                     link.detach()
 
     def signal(self, rank: int, signum: int) -> None:
-        """Send `signum` to worker `rank` if it still runs."""
         for worker in self.workers:
             if worker.rank == rank:
                 worker.process.kill(signum)
