@@ -40,7 +40,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from notebook_accel.reporting.events import InputRequested
 
@@ -65,18 +65,6 @@ class InputUnavailable(Exception):
         self.shown = shown
 
 
-class Prompter(Protocol):
-    """What a group of workers asks for the lines its workers' prompts wait for."""
-
-    def attended(self) -> bool:
-        """Whether a person answers: time at a prompt then does not count towards the
-        launch's timeout."""
-
-    def __call__(self, rank: int, prompt: str, deadline: float | None) -> str:
-        """The line for worker `rank`'s `prompt`; InputUnavailable where none comes
-        (unattended, not before `deadline`, the launch's timeout)."""
-
-
 # -- the launching process's side --------------------------------------------------------
 
 
@@ -94,13 +82,15 @@ class AskInCell:
     the frontend's input() in a notebook, stdin in a script."""
 
     def attended(self) -> bool:
-        """A frontend's input() (a kernel replaces Python's own), or a terminal."""
+        """Whether a person answers (a frontend's input(), which a kernel puts in place of
+        Python's own, or a terminal): time at a prompt then does not count towards the
+        launch's timeout."""
         return not _reads_unattended_stdin()
 
     def __call__(self, rank: int, prompt: str, deadline: float | None = None) -> str:
-        """Raises InputUnavailable when nobody can answer here (or, unattended, nobody did
-        before `deadline`), and KeyboardInterrupt when the stop button is pressed at the
-        prompt."""
+        """The line for worker `rank`'s `prompt`. Raises InputUnavailable when nobody can
+        answer here (or, unattended, nobody did before `deadline`, the launch's timeout), and
+        KeyboardInterrupt when the stop button is pressed at the prompt."""
         if threading.current_thread() is not threading.main_thread():
             raise InputUnavailable(
                 "the launch runs on a thread other than the notebook's main one, where "

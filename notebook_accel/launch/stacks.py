@@ -72,6 +72,10 @@ class Frame:
             part in self.file for part in ("site-packages/", "/lib/python3", "/notebook_accel/")
         )
 
+    @property
+    def place(self) -> str:
+        return f"{self.function} ({self.file}, line {self.line})"
+
     def show(self) -> str:
         marker = "->" if not self.in_libraries else "  "
         return f"{marker} {self.file}, line {self.line}, in {self.function}"
@@ -232,37 +236,14 @@ def explain(
     waiting: dict[str, list[int]] = {}
     elsewhere: list[int] = []
     for rank in sorted({*stacks, *ended}):
-        if rank in ended:
-            lines.append(f"  rank {rank}: {ended[rank]}")
-            elsewhere.append(rank)
-            continue
-        frames = stacks[rank]
+        frames = stacks.get(rank, [])
         collective = collective_of(frames, gradient_all_reduce=rank in all_reducing)
-        mine = user_frame(frames)
-        at = f"{mine.function} ({mine.file}, line {mine.line})" if mine else "no frame of yours"
-        if not frames:
-            lines.append(f"  rank {rank}: did not answer (busy in native code without Python)")
-            elsewhere.append(rank)
-        elif collective:
-            name = (
-                f"{collective} (inside backward)"
-                if collective == DDP_ALL_REDUCE
-                else f"torch.distributed.{collective}"
-            )
-            lines.append(f"  rank {rank}: waits in {name}, called from {at}")
+        if collective:
             waiting.setdefault(collective, []).append(rank)
-        elif frames[0] is mine:
-            lines.append(f"  rank {rank}: not in a collective, at {at}")
-            elsewhere.append(rank)
         else:
-            inner, importing = frames[0], imported_module(frames)
-            what = (
-                f"importing {importing}"
-                if importing
-                else f"in {inner.function} ({inner.file}, line {inner.line})"
-            )
-            lines.append(f"  rank {rank}: not in a collective: {what}, called from {at}")
             elsewhere.append(rank)
+        where = ended[rank] if rank in ended else _where(frames, collective)
+        lines.append(f"  rank {rank}: {where}")
     lines += _who_waits(waiting, elsewhere)
     for rank in sorted(stacks):
         if stacks[rank]:
@@ -277,6 +258,23 @@ def explain(
             "TORCH_DISTRIBUTED_DEBUG=DETAIL in the workers' environment."
         )
     return "\n".join(lines) + "\n"
+
+
+def _where(frames: list[Frame], collective: str | None) -> str:
+    """Where a rank that answered is, from its stack and the collective it waits in."""
+    if not frames:
+        return "did not answer (busy in native code without Python)"
+    mine = user_frame(frames)
+    at = mine.place if mine else "no frame of yours"
+    if collective == DDP_ALL_REDUCE:
+        return f"waits in {collective} (inside backward), called from {at}"
+    if collective:
+        return f"waits in torch.distributed.{collective}, called from {at}"
+    if frames[0] is mine:
+        return f"not in a collective, at {at}"
+    importing = imported_module(frames)
+    what = f"importing {importing}" if importing else f"in {frames[0].place}"
+    return f"not in a collective: {what}, called from {at}"
 
 
 def _who_waits(waiting: dict[str, list[int]], elsewhere: list[int]) -> list[str]:

@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes, frame
-from notebook_accel.launch.debugging import Answer, InputUnavailable, Prompter
+from notebook_accel.launch.debugging import Answer, AskInCell, InputUnavailable
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -282,7 +282,7 @@ class WorkerGroupBase:
         self._hang_explained = False
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
-        self.prompter: Prompter | None = None
+        self.prompter: AskInCell | None = None
         # Seconds a person spent at prompts since the loop last looked: they do not count
         # towards the run's timeout (an unattended prompter's do, and end at it).
         self._prompt_seconds = 0.0

@@ -169,8 +169,7 @@ def worker_main(
     # parallel op with more than one thread waits on it forever.
     torch.set_num_threads(spec.threads_per_process)
 
-    channel = ChannelWriter(pipes.channel)
-    _CHANNEL = channel
+    _CHANNEL = channel = ChannelWriter(pipes.channel)
     debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
     stack_requests.answer_with(channel.send, rank)
     # The user's own DDP models too: freed after leaving the group, they can hang (ddp_teardown.py).
