@@ -7,22 +7,10 @@ the same link (launch/channel.py). The launching process (launch/supervisor.py)
 takes the unfinished last line of that worker's stdout as the prompt, asks for
 a line where the user runs the launch (`input()`: Jupyter's stdin request in a
 kernel, the terminal in a script), prefixed with the rank, and sends it back.
-While one rank waits at its prompt the others run on until they need it (a
-collective, their own prompt). On a Ray cluster the node's agent relays both
-ways. Where nobody can answer (a launch from a thread, a frontend without
-stdin, a closed stdin) the answer says why: `input()` then raises EOFError and
-a debugger continues, so a forgotten `breakpoint()` never hangs a run.
-
-Time a person spends at a prompt (a notebook's frontend, a terminal) does not
-count towards the launch's `timeout`. A script whose stdin is no terminal (a
-pipe a job runner holds open, a file) has nobody at it: the prompt is read from
-that stdin all the same, the launch says at once which rank waits for a line
-there, and the timeout keeps running, so an unattended run still ends.
-
-With the launch option `post_mortem=True` a worker whose function raises
-opens the same debugger on the frames of its exception (`%debug` for a
-rank) before it ends; live workers keep their last error for
-`LiveWorkers.debug()`.
+On a Ray cluster the node's agent relays both ways. Where nobody can answer
+the answer says why: `input()` then raises EOFError and a debugger continues,
+so a forgotten `breakpoint()` never hangs a run. What the user sees, time at
+prompts, unattended stdin and post-mortems included: docs/guides/debugging.md.
 """
 
 from __future__ import annotations

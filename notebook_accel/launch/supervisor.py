@@ -389,11 +389,11 @@ class WorkerGroupBase:
 
     def _settled(self, settle_until: float) -> bool:
         """Whether the failures are all in: the settle period is over, and every worker
-        that raised has exited (or RAISED_EXIT_SECONDS more have passed). One in its
-        post-mortem debugger is not exiting: it ends when the user is done."""
+        that raised has exited (or RAISED_EXIT_SECONDS more have passed)."""
         now = time.monotonic()
         if now < settle_until:
             return False
+        # One in its post-mortem debugger is not exiting: it ends when the user is done.
         exiting = any(
             w.error is not None and not w.ended and not w.in_post_mortem for w in self.workers
         )
@@ -775,7 +775,6 @@ class WorkerGroup(WorkerGroupBase):
             time.sleep(0.001)
         if worker.process.exitcode is None:
             return
-        # What the worker wrote before exiting is already in the pipes.
         self.drain_output(worker, channel=True)
         self.exited(worker, worker.process.exitcode)
 
@@ -832,7 +831,6 @@ class WorkerGroup(WorkerGroupBase):
     # -- stopping --------------------------------------------------------------
 
     def stop(self) -> None:
-        """Terminate every worker still running and release every resource (once)."""
         with interrupts_deferred():
             if self._stopped:
                 return
