@@ -16,6 +16,7 @@ prompts, unattended stdin and post-mortems included: docs/guides/debugging.md.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
 import re
@@ -188,9 +189,6 @@ class CellInput(io.TextIOBase):
     def readable(self) -> bool:
         return True
 
-    def isatty(self) -> bool:
-        return False
-
     def read(self, size: int | None = -1) -> str:
         return self.readline()
 
@@ -274,10 +272,8 @@ def post_mortem(error: BaseException, tb: TracebackType | None, rank: int) -> No
     print(f"rank {rank} raised {summary}: post-mortem debugger ({POST_MORTEM_HELP})", flush=True)
     debugger = worker_pdb()
     debugger.reset()
-    try:
+    with contextlib.suppress(Exception):  # a quit ends the debugger, and so this rank
         debugger.interaction(None, tb or error.__traceback__)
-    except Exception:  # noqa: BLE001 - a quit ends the debugger, and so this rank
-        pass
 
 
 def worker_pdb() -> object:

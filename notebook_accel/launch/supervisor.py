@@ -198,12 +198,10 @@ class FatalReport:
         """Look at one line of the worker's stderr."""
         if line.startswith(self.START):
             self.lines, self._open = [], True
-        if not self._open:
-            return
         if line.startswith(self.END) or len(self.lines) >= self.MAX_LINES:
             self._open = False
-            return
-        self.lines.append(line)
+        elif self._open:
+            self.lines.append(line)
 
     @property
     def text(self) -> str:
