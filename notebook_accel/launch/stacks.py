@@ -81,8 +81,7 @@ class Frame:
 @dataclass(frozen=True)
 class StacksNote:
     """What a worker adds to its stacks when the launcher asks (an event down its
-    channel; no progress of the run's): whether a DistributedDataParallel model of its
-    own all-reduces gradients in the backward its main thread is in."""
+    channel; no progress of the run's): `gradient_all_reduce_pending()`."""
 
     rank: int
     gradient_all_reduce: bool
