@@ -577,11 +577,9 @@ class WorkerGroupBase:
         # earliest raised first and the rest saw its connection close.
         # Those the launcher stopped for a peer's post-mortem debugger come last.
         def order(worker: SupervisedWorker) -> tuple[int, float]:
-            if worker.stopped_for_peer and worker.error is None:
-                return (2, worker.noticed_at)
-            if worker.error is None:
-                return (0, worker.noticed_at)
-            return (1, worker.error.time)
+            if worker.error is not None:
+                return (1, worker.error.time)
+            return (2 if worker.stopped_for_peer else 0, worker.noticed_at)
 
         return [_failure_of(worker) for worker in sorted(workers, key=order)]
 
