@@ -14,7 +14,9 @@ DistributedDataParallel's reducer starts from C++ hooks inside autograd, and
 waits for in C++ at the end of the backward. Its stack ends in autograd's
 engine, which alone would also be a backward that is merely slow (and DDP
 exposes no state that says it waits); so the same signal also wakes a thread of
-the worker that says whether it is that all-reduce (`StackRequests`).
+the worker that says whether it is that all-reduce (`StackRequests`). It can while
+the main thread waits in C++ with the GIL released, as autograd and the
+collectives do; a worker that holds the GIL is shown from its stack alone.
 """
 
 from __future__ import annotations
