@@ -7,27 +7,16 @@ the same link (launch/channel.py). The launching process (launch/supervisor.py)
 takes the unfinished last line of that worker's stdout as the prompt, asks for
 a line where the user runs the launch (`input()`: Jupyter's stdin request in a
 kernel, the terminal in a script), prefixed with the rank, and sends it back.
-While one rank waits at its prompt the others run on until they need it (a
-collective, their own prompt). On a Ray cluster the node's agent relays both
-ways. Where nobody can answer (a launch from a thread, a frontend without
-stdin, a closed stdin) the answer says why: `input()` then raises EOFError and
-a debugger continues, so a forgotten `breakpoint()` never hangs a run.
-
-Time a person spends at a prompt (a notebook's frontend, a terminal) does not
-count towards the launch's `timeout`. A script whose stdin is no terminal (a
-pipe a job runner holds open, a file) has nobody at it: the prompt is read from
-that stdin all the same, the launch says at once which rank waits for a line
-there, and the timeout keeps running, so an unattended run still ends.
-
-With the launch option `post_mortem=True` a worker whose function raises
-opens the same debugger on the frames of its exception (`%debug` for a
-rank) before it ends; live workers keep their last error for
-`LiveWorkers.debug()`.
+On a Ray cluster the node's agent relays both ways. Where nobody can answer
+the answer says why: `input()` then raises EOFError and a debugger continues,
+so a forgotten `breakpoint()` never hangs a run. What the user sees, time at
+prompts, unattended stdin and post-mortems included: docs/guides/debugging.md.
 """
 
 from __future__ import annotations
 
 import builtins
+import contextlib
 import io
 import os
 import re
@@ -40,7 +29,7 @@ import types
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from notebook_accel.reporting.events import InputRequested
 
@@ -65,18 +54,6 @@ class InputUnavailable(Exception):
         self.shown = shown
 
 
-class Prompter(Protocol):
-    """What a group of workers asks for the lines its workers' prompts wait for."""
-
-    def attended(self) -> bool:
-        """Whether a person answers: time at a prompt then does not count towards the
-        launch's timeout."""
-
-    def __call__(self, rank: int, prompt: str, deadline: float | None) -> str:
-        """The line for worker `rank`'s `prompt`; InputUnavailable where none comes
-        (unattended, not before `deadline`, the launch's timeout)."""
-
-
 # -- the launching process's side --------------------------------------------------------
 
 
@@ -94,13 +71,15 @@ class AskInCell:
     the frontend's input() in a notebook, stdin in a script."""
 
     def attended(self) -> bool:
-        """A frontend's input() (a kernel replaces Python's own), or a terminal."""
+        """Whether a person answers (a frontend's input(), which a kernel puts in place of
+        Python's own, or a terminal): time at a prompt then does not count towards the
+        launch's timeout."""
         return not _reads_unattended_stdin()
 
     def __call__(self, rank: int, prompt: str, deadline: float | None = None) -> str:
-        """Raises InputUnavailable when nobody can answer here (or, unattended, nobody did
-        before `deadline`), and KeyboardInterrupt when the stop button is pressed at the
-        prompt."""
+        """The line for worker `rank`'s `prompt`. Raises InputUnavailable when nobody can
+        answer here (or, unattended, nobody did before `deadline`, the launch's timeout), and
+        KeyboardInterrupt when the stop button is pressed at the prompt."""
         if threading.current_thread() is not threading.main_thread():
             raise InputUnavailable(
                 "the launch runs on a thread other than the notebook's main one, where "
@@ -210,9 +189,6 @@ class CellInput(io.TextIOBase):
     def readable(self) -> bool:
         return True
 
-    def isatty(self) -> bool:
-        return False
-
     def read(self, size: int | None = -1) -> str:
         return self.readline()
 
@@ -296,10 +272,8 @@ def post_mortem(error: BaseException, tb: TracebackType | None, rank: int) -> No
     print(f"rank {rank} raised {summary}: post-mortem debugger ({POST_MORTEM_HELP})", flush=True)
     debugger = worker_pdb()
     debugger.reset()
-    try:
+    with contextlib.suppress(Exception):  # a quit ends the debugger, and so this rank
         debugger.interaction(None, tb or error.__traceback__)
-    except Exception:  # noqa: BLE001 - a quit ends the debugger, and so this rank
-        pass
 
 
 def worker_pdb() -> object:
@@ -309,7 +283,8 @@ def worker_pdb() -> object:
     class WorkerPdb(_python_pdb_class()):  # type: ignore[misc]
         def get_stack(self, f, t):  # type: ignore[no-untyped-def]
             stack, index = super().get_stack(f, t)
-            ours = [n for n, (frame, _) in enumerate(stack) if _is_scaffolding(frame)]
+            files = [frame.f_code.co_filename for frame, _ in stack]
+            ours = [n for n, file in enumerate(files) if _SCAFFOLDING.search(file)]
             if not ours or ours[-1] >= index:  # stopped in our own code: show it all
                 return stack, index
             cut = ours[-1] + 1
@@ -318,10 +293,6 @@ def worker_pdb() -> object:
     # nosigint: the launcher owns the stop button; pdb's own SIGINT handler would not
     # reach a worker, and a live worker's handler must stay.
     return WorkerPdb(nosigint=True)
-
-
-def _is_scaffolding(frame: FrameType) -> bool:
-    return bool(_SCAFFOLDING.search(frame.f_code.co_filename))
 
 
 def _in_debugger(frame: FrameType | None) -> bool:

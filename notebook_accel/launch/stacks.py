@@ -13,13 +13,10 @@ One collective has no Python frame: the gradient all-reduce that
 DistributedDataParallel's reducer starts from C++ hooks inside autograd, and
 waits for in C++ at the end of the backward. Its stack ends in autograd's
 engine, which alone would also be a backward that is merely slow (and DDP
-exposes no state that says it waits). So the same signal also wakes a thread of
-the worker (`StackRequests`), which sends a `StacksNote` down the channel:
-whether the main thread is in autograd's engine while a DDP model of that
-process syncs gradients in its backward (`gradient_all_reduce_pending`). It can
-while the main thread waits in C++ with the GIL released, as autograd and the
-collectives do; a worker that holds the GIL sends no note, and is shown from its
-stack alone.
+exposes no state that says it waits); so the same signal also wakes a thread of
+the worker that says whether it is that all-reduce (`StackRequests`). It can while
+the main thread waits in C++ with the GIL released, as autograd and the
+collectives do; a worker that holds the GIL is shown from its stack alone.
 """
 
 from __future__ import annotations
@@ -56,7 +53,6 @@ DDP_ALL_REDUCE = "DistributedDataParallel's gradient all-reduce"
 _FROZEN = "<frozen "
 # The worker's own entry: in the stack of the thread that runs the user's function.
 _WORKER_FILE = "notebook_accel/launch/worker.py"
-_OWN = "/notebook_accel/"
 # The frames that call the user's function in a worker (a launch's, a live worker's)
 _SCAFFOLDING = re.compile(r"/notebook_accel/(launch|live)/")
 
@@ -72,8 +68,12 @@ class Frame:
         """Whether this is a frame of an installed package, of Python itself or of this
         package (not of the user's code: a notebook cell, a file of theirs)."""
         return self.file.startswith(_FROZEN) or any(
-            part in self.file for part in ("site-packages/", "/lib/python3", _OWN)
+            part in self.file for part in ("site-packages/", "/lib/python3", "/notebook_accel/")
         )
+
+    @property
+    def place(self) -> str:
+        return f"{self.function} ({self.file}, line {self.line})"
 
     def show(self) -> str:
         marker = "->" if not self.in_libraries else "  "
@@ -83,8 +83,7 @@ class Frame:
 @dataclass(frozen=True)
 class StacksNote:
     """What a worker adds to its stacks when the launcher asks (an event down its
-    channel; no progress of the run's): whether a DistributedDataParallel model of its
-    own all-reduces gradients in the backward its main thread is in."""
+    channel; no progress of the run's): `gradient_all_reduce_pending()`."""
 
     rank: int
     gradient_all_reduce: bool
@@ -96,17 +95,13 @@ def gradient_all_reduce_pending() -> bool:
     backward (DDP's own `require_backward_grad_sync`, which `no_sync()` turns off)."""
     ddp = sys.modules.get("torch.nn.parallel.distributed")
     frame = sys._current_frames().get(threading.main_thread().ident)
-    if ddp is None or frame is None or not _in_autograd_engine(frame.f_code.co_filename):
+    if ddp is None or frame is None or not frame.f_code.co_filename.endswith(_AUTOGRAD_ENGINE_FILE):
         return False
     # Looked for only here (a hang report), not tracked: no hook on the user's models.
     return any(
         isinstance(model, ddp.DistributedDataParallel) and model.require_backward_grad_sync
         for model in gc.get_objects()
     )
-
-
-def _in_autograd_engine(file: str) -> bool:
-    return file.endswith(_AUTOGRAD_ENGINE_FILE)
 
 
 class StackRequests:
@@ -127,7 +122,8 @@ class StackRequests:
         wakeups, wakeup = os.pipe()
         os.set_blocking(wakeup, False)
         try:
-            signal.signal(STACK_SIGNAL, _wakes_the_stacks_thread)
+            # Python's half of the handler: its C half writes the wakeup byte; nothing else.
+            signal.signal(STACK_SIGNAL, lambda signum, frame: None)
             signal.set_wakeup_fd(wakeup, warn_on_full_buffer=False)
             self._wakeups = wakeups
         except ValueError:  # not this interpreter's main thread: stacks without notes
@@ -141,23 +137,14 @@ class StackRequests:
             return
 
         def answer() -> None:
-            while True:
-                try:
-                    signals = os.read(self._wakeups, 64)
-                except OSError:
-                    return
-                if not signals:
-                    return
-                if int(STACK_SIGNAL) in signals:
-                    # A note not made or not sent (the launcher is gone): the stack alone tells.
-                    with contextlib.suppress(Exception):
-                        send(StacksNote(rank, gradient_all_reduce_pending()))
+            with contextlib.suppress(OSError):
+                while signals := os.read(self._wakeups, 64):
+                    if int(STACK_SIGNAL) in signals:
+                        # A note not made or not sent (the launcher is gone): the stack alone tells.
+                        with contextlib.suppress(Exception):
+                            send(StacksNote(rank, gradient_all_reduce_pending()))
 
         threading.Thread(target=answer, name="notebook_accel-stacks", daemon=True).start()
-
-
-def _wakes_the_stacks_thread(signum: int, frame: object) -> None:
-    """Python's handler of STACK_SIGNAL: its C half wrote the wakeup byte; nothing else."""
 
 
 @dataclass
@@ -211,7 +198,7 @@ def collective_of(frames: list[Frame], gradient_all_reduce: bool = False) -> str
     waiting = [f.function for f in frames if f.file.endswith(_COLLECTIVES_FILE)]
     if waiting:
         return waiting[-1]  # the outermost: the one the user called
-    if gradient_all_reduce and frames and _in_autograd_engine(frames[0].file):
+    if gradient_all_reduce and frames and frames[0].file.endswith(_AUTOGRAD_ENGINE_FILE):
         return DDP_ALL_REDUCE
     return None
 
@@ -247,37 +234,14 @@ def explain(
     waiting: dict[str, list[int]] = {}
     elsewhere: list[int] = []
     for rank in sorted({*stacks, *ended}):
-        if rank in ended:
-            lines.append(f"  rank {rank}: {ended[rank]}")
-            elsewhere.append(rank)
-            continue
-        frames = stacks[rank]
+        frames = stacks.get(rank, [])
         collective = collective_of(frames, gradient_all_reduce=rank in all_reducing)
-        mine = user_frame(frames)
-        at = f"{mine.function} ({mine.file}, line {mine.line})" if mine else "no frame of yours"
-        if not frames:
-            lines.append(f"  rank {rank}: did not answer (busy in native code without Python)")
-            elsewhere.append(rank)
-        elif collective:
-            name = (
-                f"{collective} (inside backward)"
-                if collective == DDP_ALL_REDUCE
-                else f"torch.distributed.{collective}"
-            )
-            lines.append(f"  rank {rank}: waits in {name}, called from {at}")
+        if collective:
             waiting.setdefault(collective, []).append(rank)
-        elif frames[0] is mine:
-            lines.append(f"  rank {rank}: not in a collective, at {at}")
-            elsewhere.append(rank)
         else:
-            inner, importing = frames[0], imported_module(frames)
-            what = (
-                f"importing {importing}"
-                if importing
-                else f"in {inner.function} ({inner.file}, line {inner.line})"
-            )
-            lines.append(f"  rank {rank}: not in a collective: {what}, called from {at}")
             elsewhere.append(rank)
+        where = ended[rank] if rank in ended else _where(frames, collective)
+        lines.append(f"  rank {rank}: {where}")
     lines += _who_waits(waiting, elsewhere)
     for rank in sorted(stacks):
         if stacks[rank]:
@@ -292,6 +256,23 @@ def explain(
             "TORCH_DISTRIBUTED_DEBUG=DETAIL in the workers' environment."
         )
     return "\n".join(lines) + "\n"
+
+
+def _where(frames: list[Frame], collective: str | None) -> str:
+    """Where a rank that answered is, from its stack and the collective it waits in."""
+    if not frames:
+        return "did not answer (busy in native code without Python)"
+    mine = user_frame(frames)
+    at = mine.place if mine else "no frame of yours"
+    if collective == DDP_ALL_REDUCE:
+        return f"waits in {collective} (inside backward), called from {at}"
+    if collective:
+        return f"waits in torch.distributed.{collective}, called from {at}"
+    if frames[0] is mine:
+        return f"not in a collective, at {at}"
+    importing = imported_module(frames)
+    what = f"importing {importing}" if importing else f"in {frames[0].place}"
+    return f"not in a collective: {what}, called from {at}"
 
 
 def _who_waits(waiting: dict[str, list[int]], elsewhere: list[int]) -> list[str]:

@@ -1,22 +1,13 @@
 """The launching process's side of a group of workers: start, watch, stop.
 
-`WorkerGroupBase` is what every group does with what its workers send: it
-turns output into whole lines and channel bytes into events, records exits
-and failures, and runs the loop that waits for them with a deadline, a stop
-signal and a settling time after the first failure. Where the workers run is
-a subclass: `WorkerGroup` here (processes on this machine), and the Ray
-cluster's group in launch/cluster/group.py.
-
-`WorkerGroup` waits on one selector for everything a worker can do: write
-output, send an event down its channel, or exit (its sentinel). Nothing
-blocks without a deadline, and `stop()` always leaves no worker behind:
-SIGTERM, a short grace period, then SIGKILL, as torch.distributed.elastic
-does. Each worker leads its own process group, and `stop()` kills those
-groups too, so what a worker started goes with it; a janitor process
-(launch/forking.py) does the same if this process dies. What runs inside
-each worker is launch/worker.py; workers are forked, or started in fresh
-interpreters (launch/fresh.py), or forked from a template process started
-once (launch/template.py), when the kernel can no longer fork them.
+`WorkerGroupBase` handles what the workers send, wherever they run; `WorkerGroup`
+runs them on this machine (a Ray cluster's group is launch/cluster/group.py). It
+waits on one selector for everything a worker can do: write output, send an event
+down its channel, or exit (its sentinel). Nothing blocks without a deadline, and
+`stop()` always leaves no worker behind: SIGTERM, a short grace period, then
+SIGKILL, as torch.distributed.elastic does. Each worker leads its own process
+group, and `stop()` kills those groups too, so what a worker started goes with it;
+a janitor process (launch/forking.py) does the same if this process dies.
 """
 
 from __future__ import annotations
@@ -37,7 +28,7 @@ from typing import Any
 import psutil
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes, frame
-from notebook_accel.launch.debugging import Answer, InputUnavailable, Prompter
+from notebook_accel.launch.debugging import Answer, AskInCell, InputUnavailable
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -118,9 +109,7 @@ class StopSignal:
     def set(self) -> None:
         """Ask the run to stop (once; later calls do nothing)."""
         with self._lock:
-            if not self._set and not self._closed:
-                self._set = True
-                os.write(self._write, b"x")
+            self.set_from_signal_handler()
 
     def set_from_signal_handler(self) -> None:
         """`set()` without the lock, for a signal handler: the thread it interrupts
@@ -209,12 +198,10 @@ class FatalReport:
         """Look at one line of the worker's stderr."""
         if line.startswith(self.START):
             self.lines, self._open = [], True
-        if not self._open:
-            return
         if line.startswith(self.END) or len(self.lines) >= self.MAX_LINES:
             self._open = False
-            return
-        self.lines.append(line)
+        elif self._open:
+            self.lines.append(line)
 
     @property
     def text(self) -> str:
@@ -278,7 +265,6 @@ class WorkerGroupBase:
     in `poll_until`: output to `take`, exits to `exited`.
     """
 
-    # After the first failure, how long to keep listening for the one that caused it.
     settle_seconds = SETTLE_SECONDS
 
     def __init__(self, spec: WorkerSpec, emit: Emit, stop: StopSignal | None = None):
@@ -294,7 +280,7 @@ class WorkerGroupBase:
         self._hang_explained = False
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
-        self.prompter: Prompter | None = None
+        self.prompter: AskInCell | None = None
         # Seconds a person spent at prompts since the loop last looked: they do not count
         # towards the run's timeout (an unattended prompter's do, and end at it).
         self._prompt_seconds = 0.0
@@ -375,13 +361,9 @@ class WorkerGroupBase:
         KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
-        listening = (
-            self._listening_to(stop)
-            if stop is not None and stop is not self.stop_signal
-            else contextlib.nullcontext()
-        )
+        own_stop = stop is not None and stop is not self.stop_signal
         self._progressed()  # a wait starts: what came before (an idle live group) is no hang
-        with listening:
+        with self._listening_to(stop) if own_stop else contextlib.nullcontext():
             settle_until: float | None = None
             while not done():
                 if settle_until is not None and self._settled(settle_until):
@@ -409,13 +391,11 @@ class WorkerGroupBase:
         now = time.monotonic()
         if now < settle_until:
             return False
-        return now >= settle_until + RAISED_EXIT_SECONDS or not self._a_raised_worker_exiting()
-
-    def _a_raised_worker_exiting(self) -> bool:
         # One in its post-mortem debugger is not exiting: it ends when the user is done.
-        return any(
+        exiting = any(
             w.error is not None and not w.ended and not w.in_post_mortem for w in self.workers
         )
+        return not exiting or now >= settle_until + RAISED_EXIT_SECONDS
 
     def _settle_wake(self, settle_until: float | None) -> float | None:
         """When the wait for failures next needs a look (an exit wakes it sooner)."""
@@ -458,29 +438,21 @@ class WorkerGroupBase:
 
     def explain_where(self, reason: str) -> None:
         """Ask every running worker for its Python stacks and show where each rank is
-        (an event the cell prints). Workers that cannot be signalled here are skipped."""
-        running = [w for w in self.workers if not w.ended]
-        asked = []
-        for worker in running:
-            worker.stacks.expect()
-            try:
-                self.signal(worker.rank, STACK_SIGNAL)
-            except NotImplementedError:  # workers elsewhere (a cluster's): no signal to send
-                worker.stacks.finish()
-                continue
-            asked.append(worker)
+        (an event the cell prints)."""
+        asked = [w for w in self.workers if not w.ended]
         if not asked:
             return
+        for worker in asked:
+            worker.stacks.expect()
+            self.signal(worker.rank, STACK_SIGNAL)
         deadline = time.monotonic() + STACKS_WAIT_SECONDS
-        answered_at: float | None = None
+        settling = False
         while time.monotonic() < deadline:
             # Each worker's dump, and its note (a worker that holds the GIL sends none:
             # it is shown from its stack alone, after STACKS_WAIT_SECONDS).
-            answered = all((w.stacks.threads and w.stacks.note) or w.ended for w in asked)
-            if answered_at is None and answered:
-                answered_at = time.monotonic()
-            if answered_at is not None and time.monotonic() >= answered_at + STACKS_SETTLE_SECONDS:
-                break
+            if not settling and all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
+                settling = True
+                deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
         ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
@@ -538,8 +510,6 @@ class WorkerGroupBase:
         prompt = self.take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed, shown = None, NO_PROMPTER, False, False
-        # Where nobody attends the prompt (a script's stdin that is a pipe), its time
-        # counts towards the timeout, and the wait ends there: an unattended run ends.
         attended = self.prompter is None or self.prompter.attended()
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
@@ -563,11 +533,9 @@ class WorkerGroupBase:
             self._progressed()
         if line is None and prompt and not shown:  # not asked: the text stays in the output
             self.emit(OutputLine(worker.rank, "stdout", prompt + "\n"))
-        try:
+        with contextlib.suppress(OSError, TimeoutError):  # it is gone: its read fails
             deadline = time.monotonic() + ANSWER_WRITE_SECONDS
             self.send(worker.rank, frame(Answer(line, reason)), deadline)
-        except (OSError, TimeoutError, NotImplementedError):
-            pass  # it is gone, or cannot be answered from here: its read fails
         if pressed:
             if self.stop_signal is None:
                 raise KeyboardInterrupt("the run was stopped")
@@ -586,8 +554,7 @@ class WorkerGroupBase:
             if other is worker or other.ended or other.stopped_for_peer or other.error is not None:
                 continue
             other.stopped_for_peer = True
-            with contextlib.suppress(NotImplementedError):
-                self.signal(other.rank, signal.SIGTERM)
+            self.signal(other.rank, signal.SIGTERM)
 
     def exited(self, worker: SupervisedWorker, exitcode: int | None, lost: str = "") -> None:
         """Record that `worker` exited with `exitcode` (or was lost, saying why), once
@@ -601,9 +568,7 @@ class WorkerGroupBase:
 
     def failed_workers(self) -> list[SupervisedWorker]:
         """The workers that raised, exited with a non-zero code or a signal, or were lost."""
-        return [
-            w for w in self.workers if w.error is not None or (w.exitcode or 0) != 0 or bool(w.lost)
-        ]
+        return [w for w in self.workers if w.error is not None or w.exitcode or w.lost]
 
     @staticmethod
     def _failures_cause_first(workers: list[SupervisedWorker]) -> list[WorkerFailure]:
@@ -612,11 +577,9 @@ class WorkerGroupBase:
         # earliest raised first and the rest saw its connection close.
         # Those the launcher stopped for a peer's post-mortem debugger come last.
         def order(worker: SupervisedWorker) -> tuple[int, float]:
-            if worker.stopped_for_peer and worker.error is None:
-                return (2, worker.noticed_at)
-            if worker.error is None:
-                return (0, worker.noticed_at)
-            return (1, worker.error.time)
+            if worker.error is not None:
+                return (1, worker.error.time)
+            return (2 if worker.stopped_for_peer else 0, worker.noticed_at)
 
         return [_failure_of(worker) for worker in sorted(workers, key=order)]
 
@@ -650,8 +613,8 @@ class WorkerGroup(WorkerGroupBase):
         local_ranks: list[int] | None = None,
     ):
         super().__init__(spec, emit, stop)
-        self.local_ranks = (
-            list(range(spec.local_world_size)) if local_ranks is None else list(local_ranks)
+        self.local_ranks = list(
+            range(spec.local_world_size) if local_ranks is None else local_ranks
         )
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
@@ -673,22 +636,20 @@ class WorkerGroup(WorkerGroupBase):
         # name lookups while these forks copy the process.
         with guarded(), heap_frozen():
             self._janitor.start()
+            spec_fd = None
             if self.spec.start_method in ("spawn", "forkserver"):
-                self._start_fresh()
+                # A fresh interpreter per worker, or forked from the template (started once).
+                start = FreshProcess if self.spec.start_method == "spawn" else TemplateProcess
+                spec_fd = ship(self.spec)  # pickled once, read by every worker
+                make = functools.partial(start, spec_fd)
             else:
-                context = ForkContext()
+                make = functools.partial(self._forked, ForkContext())
+            try:
                 for local_rank in self.local_ranks:
-                    self._start_one(functools.partial(self._forked, context), local_rank)
-
-    def _start_fresh(self) -> None:
-        # A fresh interpreter per worker, or forked from the template (started once).
-        start = FreshProcess if self.spec.start_method == "spawn" else TemplateProcess
-        spec_fd = ship(self.spec)  # pickled once, read by every worker
-        try:
-            for local_rank in self.local_ranks:
-                self._start_one(functools.partial(start, spec_fd), local_rank)
-        finally:
-            os.close(spec_fd)
+                    self._start_one(make, local_rank)
+            finally:
+                if spec_fd is not None:
+                    os.close(spec_fd)
 
     def _forked(
         self,
@@ -729,14 +690,11 @@ class WorkerGroup(WorkerGroupBase):
         self.workers.append(worker)
         for stream, fd in ours.named():
             reader = ChannelReader(worker.rank) if fd == ours.channel else None
-            self._watch(fd, WorkerPipe(worker, stream, reader))
+            os.set_blocking(fd, False)
+            self._pipes[fd] = WorkerPipe(worker, stream, reader)
+            self._selector.register(fd, selectors.EVENT_READ)
         self._sentinels[process.sentinel] = worker
         self._selector.register(process.sentinel, selectors.EVENT_READ)
-
-    def _watch(self, fd: int, pipe: WorkerPipe) -> None:
-        os.set_blocking(fd, False)
-        self._pipes[fd] = pipe
-        self._selector.register(fd, selectors.EVENT_READ)
 
     # -- watching --------------------------------------------------------------
 
@@ -765,13 +723,10 @@ class WorkerGroup(WorkerGroupBase):
     def _sample_resources(self) -> None:
         self._next_sample = time.monotonic() + RESOURCE_SAMPLE_SECONDS
         for worker in self.workers:
-            if worker.exitcode is not None:
-                continue
-            try:
-                rss = psutil.Process(worker.process.pid).memory_info().rss
-            except psutil.Error:
-                continue
-            self.emit(ResourceSample(worker.rank, rss))
+            with contextlib.suppress(psutil.Error):
+                if worker.exitcode is None:
+                    rss = psutil.Process(worker.process.pid).memory_info().rss
+                    self.emit(ResourceSample(worker.rank, rss))
 
     def _handle(self, fd: int) -> None:
         # An fd may have been closed earlier in the same batch of events.
@@ -816,7 +771,6 @@ class WorkerGroup(WorkerGroupBase):
             time.sleep(0.001)
         if worker.process.exitcode is None:
             return
-        # What the worker wrote before exiting is already in the pipes.
         self.drain_output(worker, channel=True)
         self.exited(worker, worker.process.exitcode)
 
@@ -832,7 +786,6 @@ class WorkerGroup(WorkerGroupBase):
         return list(pipes.values())
 
     def take_prompt(self, worker: SupervisedWorker) -> str:
-        # What it wrote before the prompt is shown first.
         return "".join(p.lines.take_partial("stdout") for p in self.drain_output(worker))
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
@@ -861,14 +814,12 @@ class WorkerGroup(WorkerGroupBase):
             if pipe.stream == "channel":
                 link = socket.socket(fileno=fd)
                 try:
-                    link.shutdown(socket.SHUT_WR)
-                except OSError:  # the worker is gone
-                    pass
+                    with contextlib.suppress(OSError):  # the worker is gone
+                        link.shutdown(socket.SHUT_WR)
                 finally:
                     link.detach()
 
     def signal(self, rank: int, signum: int) -> None:
-        """Send `signum` to worker `rank` if it still runs."""
         for worker in self.workers:
             if worker.rank == rank:
                 worker.process.kill(signum)
@@ -876,7 +827,6 @@ class WorkerGroup(WorkerGroupBase):
     # -- stopping --------------------------------------------------------------
 
     def stop(self) -> None:
-        """Terminate every worker still running and release every resource (once)."""
         with interrupts_deferred():
             if self._stopped:
                 return
@@ -947,10 +897,8 @@ def _how_it_ended(worker: SupervisedWorker) -> str:
 def _descendants(pids: list[int]) -> list[psutil.Process]:
     found = []
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.Error):
             found += psutil.Process(pid).children(recursive=True)
-        except psutil.Error:
-            pass
     return found
 
 

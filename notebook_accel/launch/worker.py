@@ -8,10 +8,12 @@ and exits. The launching process's side is launch/supervisor.py.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import faulthandler
 import functools
 import inspect
+import itertools
 import logging
 import os
 import resource
@@ -95,7 +97,14 @@ class WorkerSpec:
             return self
         from notebook_accel.launch.packing import unpack
 
-        function, args, kwargs = unpack(self.shipped)
+        try:
+            function, args, kwargs = unpack(self.shipped)
+        except Exception as error:
+            raise RuntimeError(
+                "this worker, started in a fresh interpreter, could not load the function or "
+                f"its arguments ({type(error).__name__}: {error}). Whatever they refer to must "
+                "be importable here too: define it in the notebook, or install its module"
+            ) from error
         return dataclasses.replace(self, function=function, args=args, kwargs=kwargs, shipped=None)
 
     def returns_value(self, rank: int) -> bool:
@@ -141,7 +150,10 @@ def worker_main(
     # stderr: written from C, so it comes even from inside a collective that waits; and
     # a note down the channel once there is one (launch/stacks.py).
     stack_requests = StackRequests(sys.stderr)
-    _set_environment(spec, local_rank)
+    rank, node = spec.global_rank(local_rank), str(spec.node_rank)
+    os.environ.update(spec.environment)
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(local_rank), GROUP_RANK=node, NODE_RANK=node)
+    os.environ.update(spec.worker_environment(local_rank))
     if spec.own_main:
         # The notebook's names (and a live worker's namespace) get a module of their own
         # rather than the forking process's program (a cluster agent's is Ray's), which
@@ -157,9 +169,7 @@ def worker_main(
     # parallel op with more than one thread waits on it forever.
     torch.set_num_threads(spec.threads_per_process)
 
-    channel = ChannelWriter(pipes.channel)
-    _CHANNEL = channel
-    rank = spec.global_rank(local_rank)
+    _CHANNEL = channel = ChannelWriter(pipes.channel)
     debugging.install(channel, rank)  # input() and breakpoint() ask in the cell
     stack_requests.answer_with(channel.send, rank)
     # The user's own DDP models too: freed after leaving the group, they can hang (ddp_teardown.py).
@@ -174,15 +184,11 @@ def worker_main(
             if imports is not None:
                 imports.report()
     finally:
-        try:
+        with contextlib.suppress(OSError):
             channel.flush()  # metrics still waiting for their batch
-        except OSError:
-            pass
         for stream in (sys.stdout, sys.stderr):
-            try:
+            with contextlib.suppress(Exception):
                 stream.flush()
-            except Exception:  # noqa: BLE001
-                pass
         os._exit(exitcode)
 
 
@@ -201,24 +207,11 @@ def current_channel() -> ChannelWriter:
     return _CHANNEL
 
 
-def _set_environment(spec: WorkerSpec, local_rank: int) -> None:
-    os.environ.update(spec.environment)
-    os.environ.update(
-        {
-            "RANK": str(spec.global_rank(local_rank)),
-            "LOCAL_RANK": str(local_rank),
-            "GROUP_RANK": str(spec.node_rank),
-            "NODE_RANK": str(spec.node_rank),
-        }
-    )
-    os.environ.update(spec.worker_environment(local_rank))
-
-
 def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
     """Call the function and send back what came of it; return the exit status."""
     rank = spec.global_rank(local_rank)
     try:
-        spec = _unpacked(spec)
+        spec = spec.unpacked()
         value = _call_user_function(spec, local_rank)
         _send_peak_resources(channel, rank)
         if spec.returns_value(rank):
@@ -237,17 +230,6 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
             debugging.post_mortem(error, _user_frames(error, spec.function), rank)
         return 1
     return 0
-
-
-def _unpacked(spec: WorkerSpec) -> WorkerSpec:
-    try:
-        return spec.unpacked()
-    except Exception as error:
-        raise RuntimeError(
-            "this worker, started in a fresh interpreter, could not load the function or its "
-            f"arguments ({type(error).__name__}: {error}). Whatever they refer to must be "
-            "importable here too: define it in the notebook, or install its module"
-        ) from error
 
 
 def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:
@@ -278,17 +260,13 @@ def _channel_destination(
 
 
 def _send_peak_resources(channel: ChannelWriter, rank: int) -> None:
-    platform = platform_named(os.environ.get(ENV_BACKEND) or "cpu")
-    peak_gpu = platform.peak_device_bytes()
     peaks = PeakResources(
         rank,
         peak_rss_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        peak_gpu_bytes=peak_gpu,
+        peak_gpu_bytes=platform_named(os.environ.get(ENV_BACKEND) or "cpu").peak_device_bytes(),
     )
-    try:
+    with contextlib.suppress(OSError):  # the launcher is already gone; nothing to report to
         channel.send(peaks)
-    except OSError:  # the launcher is already gone; nothing to report to
-        pass
 
 
 class _ImportReporter:
@@ -302,10 +280,8 @@ class _ImportReporter:
             return
         modules = imported_since(self.count)
         self.count = len(sys.modules)
-        try:
+        with contextlib.suppress(Exception):  # only the next launch's speed depends on it
             self.channel.send(ModulesImported(self.rank, modules))
-        except Exception:  # noqa: BLE001 - only the next launch's speed depends on it
-            pass
 
 
 def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:
@@ -350,12 +326,16 @@ def _user_frames(error: BaseException, function: Callable[..., Any]) -> Tracebac
     whose code cannot be told), right below `_call_user_function`; failing
     both (an error in sending the result), at the last frame.
     """
+    frames = []
     tb = error.__traceback__
-    return (
-        _first_frame_running(tb, _code_of(function))
-        or _frame_after(tb, _call_user_function.__code__)
-        or _last_frame(tb)
-    )
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    code = _code_of(function)
+    first = next((f for f in frames if f.tb_frame.f_code is code), None)
+    call = _call_user_function.__code__
+    below = next((b for a, b in itertools.pairwise(frames) if a.tb_frame.f_code is call), None)
+    return first or below or (frames[-1] if frames else None)
 
 
 def _code_of(function: Callable[..., Any]) -> CodeType | None:
@@ -365,25 +345,6 @@ def _code_of(function: Callable[..., Any]) -> CodeType | None:
     if code is None:  # an object with a __call__ method
         code = getattr(inspect.getattr_static(type(function), "__call__", None), "__code__", None)
     return code if isinstance(code, CodeType) else None
-
-
-def _first_frame_running(tb: TracebackType | None, code: CodeType | None) -> TracebackType | None:
-    while tb is not None and code is not None:
-        if tb.tb_frame.f_code is code:
-            return tb
-        tb = tb.tb_next
-    return None
-
-
-def _frame_after(tb: TracebackType | None, code: CodeType) -> TracebackType | None:
-    found = _first_frame_running(tb, code)
-    return found.tb_next if found is not None else None
-
-
-def _last_frame(tb: TracebackType | None) -> TracebackType | None:
-    while tb is not None and tb.tb_next is not None:
-        tb = tb.tb_next
-    return tb
 
 
 def _exit_status(code: Any) -> int:
@@ -425,22 +386,8 @@ def _redirect_output(pipes: WorkerPipes) -> None:
     # later (Ray's, after ray.init) would swallow a crashed worker's Python stack.
     faulthandler.disable()
     faulthandler.enable(file=sys.stderr)
-    for handler in _all_stream_handlers():
-        which = old_streams.get(id(handler.stream))
-        if which is not None:
-            # Assign rather than setStream(): that would flush the kernel's stream.
-            handler.stream = getattr(sys, which)
-
-
-def _all_stream_handlers() -> list[logging.StreamHandler]:
-    loggers = [logging.getLogger()] + [
-        logger
-        for logger in logging.Logger.manager.loggerDict.values()
-        if isinstance(logger, logging.Logger)
-    ]
-    return [
-        handler
-        for logger in loggers
-        for handler in logger.handlers
-        if isinstance(handler, logging.StreamHandler)
-    ]
+    for logger in [logging.getLogger(), *logging.Logger.manager.loggerDict.values()]:
+        for handler in getattr(logger, "handlers", ()):  # a PlaceHolder has none
+            if isinstance(handler, logging.StreamHandler) and id(handler.stream) in old_streams:
+                # Assign rather than setStream(): that would flush the kernel's stream.
+                handler.stream = getattr(sys, old_streams[id(handler.stream)])
