@@ -15,13 +15,17 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import secrets
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import psutil
+
+from notebook_accel.launch.packing import pack, unpack
 
 # The prefix of a run on a Ray cluster's id (runs/on_cluster.py), whose keeper is not here.
 CLUSTER_ID_PREFIX = "ray-"
@@ -74,6 +78,23 @@ def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
 def write_private(path: Path, data: bytes) -> None:
     with os.fdopen(open_private(path), "wb") as file:
         file.write(data)
+
+
+def plan_bytes(plan: Any) -> bytes:
+    """The launch, as a keeper will run it: the function and its arguments by value (a
+    notebook cell's function works, as in fresh workers), the options as checked."""
+    shipped = pack(plan.function, plan.args, plan.kwargs)
+    options = dataclasses.replace(plan, function=None, args=(), kwargs={})
+    return pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped))
+
+
+def plan_from_bytes(data: bytes) -> Any:
+    """The plan `plan_bytes` packed, its function and arguments unpacked."""
+    options, shipped = pickle.loads(data)
+    function, args, kwargs = unpack(shipped)
+    return dataclasses.replace(
+        cloudpickle.loads(options), function=function, args=args, kwargs=kwargs
+    )
 
 
 def new_run_id() -> str:
@@ -163,6 +184,13 @@ class RunDirectory:
         partial = self.path / f".{RECORD_FILE}.{os.getpid()}"
         write_private(partial, json.dumps(dataclasses.asdict(record), indent=1).encode())
         os.replace(partial, self.path / RECORD_FILE)
+
+    def write_plan(self, plan: Any) -> None:
+        """The launch (`plan_bytes`), for its keeper and `resume`."""
+        write_private(self.path / PLAN_FILE, plan_bytes(plan))
+
+    def read_plan(self) -> Any:
+        return plan_from_bytes((self.path / PLAN_FILE).read_bytes())
 
     def update(self, **changes: Any) -> RunRecord:
         """Change fields of the record (only one process writes it at a time: the

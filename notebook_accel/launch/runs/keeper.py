@@ -3,7 +3,7 @@
 It runs the launch as the kernel would (`run_plan`); every event goes to the
 run's log (log.py) instead of a cell, and the run's record says how it ended.
 One body, `Keeper`; only where the events and the record go differs: a process
-of this machine, its run directory (`LocalKeeper`, started by starting.py), or
+of this machine, its run directory (`LocalKeeper`, started by local.py), or
 a detached Ray actor, its memory (`ClusterKeeper`, on_cluster.py).
 """
 
@@ -19,7 +19,6 @@ from typing import Any
 from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.directory import RunDirectory
 from notebook_accel.launch.runs.log import EventLog, EventLogWriter
-from notebook_accel.launch.runs.starting import read_plan
 from notebook_accel.launch.supervisor import StopSignal
 from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
 from notebook_accel.reporting.observers import RunObserver
@@ -101,7 +100,7 @@ class LocalKeeper(Keeper):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
         if self._stops:
             raise KeyboardInterrupt("the run was stopped before its workers started")
-        return read_plan(self.directory)
+        return self.directory.read_plan()
 
     def record_state(self) -> str:
         return self.directory.read().state

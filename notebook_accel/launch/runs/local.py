@@ -1,12 +1,19 @@
 """A detached run whose keeper is a process of this machine: start it, follow it.
 
-The keeper (keeper.py, started by starting.py) logs the run's events into its
-run directory (directory.py, log.py); `LocalRun` reads them from there.
+`LocalRun.start` puts the run's function, arguments and checked options into
+its run directory first (the function by value, so a notebook cell's function
+works, as in fresh workers). The keeper (keeper.py) is a fresh interpreter
+that forks once more and lets its first process exit, so it is nobody's child:
+the kernel does not wait for it, and a kernel that dies or restarts does not
+take it along (it runs in a session of its own, out of the kernel's process
+group). It logs the run's events into the run directory (log.py); `LocalRun`
+reads them from there.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import time
@@ -14,14 +21,16 @@ from typing import Any
 
 import psutil
 
+from notebook_accel.launch.processes import start_detached
 from notebook_accel.launch.runs.detached import DetachedRun
-from notebook_accel.launch.runs.directory import RunDirectory
+from notebook_accel.launch.runs.directory import KEEPER_LOG, RunDirectory, open_private
 from notebook_accel.launch.runs.log import EventLogReader
-from notebook_accel.launch.runs.starting import read_plan, start_keeper, write_plan
 from notebook_accel.reporting.events import RunEnded
 
 # How long forget() waits for an ended run's keeper to exit.
 EXIT_SECONDS = 30.0
+# How long the kernel waits for the keeper's first process to hand over (it only forks).
+HANDOVER_SECONDS = 60.0
 
 
 class LocalRun(DetachedRun):
@@ -78,11 +87,27 @@ class LocalRun(DetachedRun):
         shutil.rmtree(self.directory.path)
 
     def shipped_plan(self) -> Any:
-        return read_plan(self.directory)
+        return self.directory.read_plan()
 
     @classmethod
     def start(cls, plan: Any, resumed_from: str | None = None) -> LocalRun:
+        """Start the run's keeper and return at once, before it imports torch: the run
+        starts while the kernel goes on. Raises RuntimeError, with the keeper's words, if
+        it could not start."""
         directory = RunDirectory.create(plan, resumed_from=resumed_from)
-        write_plan(directory, plan)
-        start_keeper(directory)
+        directory.write_plan(plan)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
+        with os.fdopen(open_private(directory.path / KEEPER_LOG, flags), "ab") as log:
+            keeper = "notebook_accel.launch.runs.keeper:keeper_main"
+            pid = start_detached(keeper, [str(directory.path)], log, HANDOVER_SECONDS)
+        if pid is None:
+            directory.update(state="lost", error="the keeper did not start")
+            raise RuntimeError(
+                "the detached run's keeper process did not start:\n" + directory.keeper_log_tail()
+            )
+        try:
+            started = psutil.Process(pid).create_time()
+        except psutil.Error:  # it ended already: its log says why
+            started = None
+        directory.update(keeper_pid=pid, keeper_started=started)
         return cls(directory)

@@ -23,10 +23,15 @@ from typing import Any
 from notebook_accel.launch.cluster.connect import connect, require_ray
 from notebook_accel.launch.cluster.pool import AGENT_RUNTIME_ENV
 from notebook_accel.launch.runs.detached import DetachedRun
-from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, RunRecord, new_run_id
+from notebook_accel.launch.runs.directory import (
+    CLUSTER_ID_PREFIX,
+    RunRecord,
+    new_run_id,
+    plan_bytes,
+    plan_from_bytes,
+)
 from notebook_accel.launch.runs.keeper import Keeper
 from notebook_accel.launch.runs.log import EventLog, decode
-from notebook_accel.launch.runs.starting import plan_bytes, plan_from_bytes
 from notebook_accel.launch.supervisor import StopSignal
 
 ACTOR_PREFIX = "notebook_accel-run-"
@@ -91,7 +96,7 @@ class ClusterKeeper(Keeper):
         self.stop_signal.set()
 
     def launch(self) -> bytes:
-        """The launch as it was shipped (starting.plan_bytes), for `resume`."""
+        """The launch as it was shipped (directory.plan_bytes), for `resume`."""
         return self._launch
 
 
