@@ -3,11 +3,7 @@
 `DetachedRun` replays the events its keeper logged into a report of its own,
 the same `RunReport` a launch fills, then follows them as the keeper goes on.
 Any kernel of the user can do this, any number of times: the run does not
-know who watches. The run's outcome is the launch's: the main worker's value,
-or the `WorkerError` (with the rank's traceback), a `TimeoutError`, or
-`KeyboardInterrupt` for a run that was stopped; a run whose keeper died before
-the end raises `RunLostError`. One subclass per place a keeper runs: local.py
-(a process of this machine), on_cluster.py (a detached actor of a Ray cluster).
+know who watches.
 """
 
 from __future__ import annotations
@@ -60,7 +56,10 @@ class DetachedRun:
     date while someone follows the run (`wait`, `result`, or the view shown
     under the cell that started or attached it). `result()` waits for the end
     and returns the main worker's value (every worker's with `return_all`) or
-    raises the run's error; `stop()` stops it, from any kernel.
+    raises the run's error: the `WorkerError` (with the rank's traceback), a
+    `TimeoutError`, `KeyboardInterrupt` for a run that was stopped, or
+    `RunLostError` for one whose keeper died before the end. `stop()` stops
+    it, from any kernel.
 
     One subclass per place a keeper runs: `LocalRun` (a process of this
     machine, its run directory) and `ClusterRun` (a detached actor of a Ray
@@ -106,7 +105,8 @@ class DetachedRun:
         raise NotImplementedError
 
     def keeper_gone(self) -> bool:
-        """Whether the keeper no longer runs (it can log nothing more)."""
+        """Whether the keeper no longer runs (it can log nothing more); brings `record`
+        up to date while it does."""
         raise NotImplementedError
 
     def on_lost(self) -> str:
@@ -115,7 +115,7 @@ class DetachedRun:
 
     def state_now(self) -> str:
         """The state the keeper's record says now (the run has not ended here)."""
-        raise NotImplementedError
+        return "lost" if self.keeper_gone() else self.record.state
 
     def ask_to_stop(self) -> bool:
         """Tell the keeper to stop the run; False if it is gone already."""
@@ -129,9 +129,7 @@ class DetachedRun:
     def poll(self) -> bool:
         """Take in what the run did since the last call; True once it has ended."""
         with self._lock:
-            if self._ended.is_set():
-                return True
-            if self._take_new():
+            if self._ended.is_set() or self._take_new():
                 return True
             now = time.monotonic()
             if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
@@ -201,14 +199,12 @@ class DetachedRun:
     def output(self, rank: int | None = None) -> str:
         """The output so far of `rank` (every rank's when None), as lines of text."""
         self.poll()
-        main = self.report.main_rank
-
-        def shown(line: Any) -> str:
-            if rank is None and line.rank is not None:
-                return rank_prefix(line.rank, main) + line.text
-            return line.text
-
-        return "\n".join(shown(line) for line in self.report.output(rank=rank))
+        return "\n".join(
+            line.text
+            if rank is not None or line.rank is None
+            else rank_prefix(line.rank, self.report.main_rank) + line.text
+            for line in self.report.output(rank=rank)
+        )
 
     # -- stopping --------------------------------------------------------------
 

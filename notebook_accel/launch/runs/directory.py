@@ -212,12 +212,13 @@ class RunDirectory:
             return None
         return process if same and alive else None
 
-    def state(self) -> str:
-        """The run's state, "lost" for a run whose keeper is gone before its end."""
-        record = self.read()
-        if record.ended_state or record.keeper_pid is None:
+    def state(self, record: RunRecord | None = None) -> str:
+        """The run's state (as `record`, read now if None, says), "lost" for a run whose
+        keeper is gone before its end."""
+        record = record or self.read()
+        if record.ended_state or record.keeper_pid is None or self.keeper(record) is not None:
             return record.state
-        return record.state if self.keeper(record) is not None else "lost"
+        return "lost"
 
     def keeper_log_tail(self, lines: int = 20) -> str:
         """The last lines the keeper process wrote (its own errors)."""

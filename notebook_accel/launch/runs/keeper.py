@@ -13,7 +13,6 @@ import dataclasses
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from notebook_accel.launch.running import run_plan
@@ -33,14 +32,12 @@ class Keeper(RunObserver):
         self.log = log
         self.stop_signal = stop
         self.lock = threading.Lock()  # kernels read the log while the run appends
+        self._said_running = False
 
     # -- what each place provides: the launch as it runs there, the run's record
 
     def plan(self) -> Any:
         """The launch plan, as it runs here."""
-
-    def record_state(self) -> str:
-        """The state the run's record says now."""
 
     def update_record(self, **changes: Any) -> None:
         """Change the run's record's fields as `changes` say."""
@@ -74,7 +71,8 @@ class Keeper(RunObserver):
         self._append(event)
         if isinstance(event, CheckpointSaved):
             self.update_record(checkpoint=event.path)
-        elif report.status == "running" and self.record_state() == "starting":
+        elif report.status == "running" and not self._said_running:
+            self._said_running = True
             self.update_record(state="running")
 
     def _append(self, event: RunEvent) -> None:
@@ -102,9 +100,6 @@ class LocalKeeper(Keeper):
             raise KeyboardInterrupt("the run was stopped before its workers started")
         return self.directory.read_plan()
 
-    def record_state(self) -> str:
-        return self.directory.read().state
-
     def update_record(self, **changes: Any) -> None:
         self.directory.update(**changes)
 
@@ -114,5 +109,5 @@ def keeper_main(path: str, stops: list[int] | None = None) -> None:
 
     `stops`: the stop signals that came before this could act on them (the run then
     ends "stopped" before any worker starts)."""
-    directory = RunDirectory(Path(path))
+    directory = RunDirectory(path)
     LocalKeeper(directory, stops).keep(started_at=directory.read().created)

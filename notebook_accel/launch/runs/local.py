@@ -49,15 +49,13 @@ class LocalRun(DetachedRun):
         return found
 
     def keeper_gone(self) -> bool:
-        return self.directory.state() == "lost"
+        self.record = self.directory.read()
+        return self.directory.state(self.record) == "lost"
 
     def on_lost(self) -> str:
         # The keeper can no longer write the record: the first to see the loss does.
         self.record = self.directory.update(state="lost", ended=time.time())
         return self.directory.keeper_log_tail(1)
-
-    def state_now(self) -> str:
-        return self.directory.state()
 
     def ask_to_stop(self) -> bool:
         self._keeper = self.directory.keeper()

@@ -62,32 +62,25 @@ def encode(sequence: int, event: RunEvent) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def split_records(data: bytes) -> tuple[bytes, bytes]:
-    """`data` cut after its last whole record: (the whole records, the rest)."""
-    end = 0
-    while len(data) - end >= HEADER.size:
-        (length,) = HEADER.unpack_from(data, end)
-        if len(data) - end < HEADER.size + length:
-            break  # the rest of this record is still being written
-        end += HEADER.size + length
-    return data[:end], data[end:]
-
-
-def decode(data: bytes) -> list[tuple[int, RunEvent]]:
-    """The (sequence number, event) of each whole record in `data`, in order."""
+def decode(data: bytes) -> tuple[list[tuple[int, RunEvent]], bytes]:
+    """The (sequence number, event) of each whole record in `data`, in order, and what
+    follows the last of them."""
     found, offset = [], 0
-    while offset < len(data):
+    while len(data) - offset >= HEADER.size:
         (length,) = HEADER.unpack_from(data, offset)
-        found.append(pickle.loads(data[offset + HEADER.size : offset + HEADER.size + length]))
-        offset += HEADER.size + length
-    return found
+        end = offset + HEADER.size + length
+        if end > len(data):
+            break  # the rest of this record is still being written
+        found.append(pickle.loads(data[offset + HEADER.size : end]))
+        offset = end
+    return found, data[offset:]
 
 
 def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
     """The entries (sequence number, event, ...) a compacted log starts with: all but each
     rank's older output lines, progress updates and memory samples."""
     lines_left: Counter = Counter()
-    seen_progress, seen_sample = set(), set()
+    seen = set()  # (kind, rank) of the newest progress update and memory sample
     kept = []
     for entry in reversed(entries):
         event = entry[1]
@@ -95,14 +88,10 @@ def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
             lines_left[event.rank] += 1
             if lines_left[event.rank] > MAX_RANK_LINES:
                 continue
-        elif isinstance(event, Progress):
-            if event.rank in seen_progress:
+        elif isinstance(event, (Progress, ResourceSample)):
+            if (type(event), event.rank) in seen:
                 continue
-            seen_progress.add(event.rank)
-        elif isinstance(event, ResourceSample):
-            if event.rank in seen_sample:
-                continue
-            seen_sample.add(event.rank)
+            seen.add((type(event), event.rank))
         kept.append(entry)
     kept.reverse()
     return kept
@@ -209,10 +198,9 @@ class EventLogReader:
         return False
 
     def _read_records(self) -> list[tuple[int, RunEvent]]:
-        self._pending += self._file.read()
-        whole, self._pending = split_records(self._pending)
+        records, self._pending = decode(self._pending + self._file.read())
         found = []
-        for sequence, event in decode(whole):
+        for sequence, event in records:
             if sequence > self.last_sequence:
                 self.last_sequence = sequence
                 found.append((sequence, event))

@@ -72,9 +72,6 @@ class ClusterKeeper(Keeper):
         request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
         return dataclasses.replace(plan, cluster=request)
 
-    def record_state(self) -> str:
-        return self._record.state
-
     def update_record(self, **changes: Any) -> None:
         with self.lock:
             self._record = dataclasses.replace(self._record, **changes)
@@ -110,42 +107,34 @@ class ClusterRun(DetachedRun):
         # The launch, where this kernel started the run: it resumes a run whose keeper died.
         self._launch = launch
 
-    def _ask(self, method: str, *args: Any) -> Any:
-        """The keeper actor's answer to `method(*args)`."""
+    def _ask(self, method: str, *args: Any, gone: Any = None) -> Any:
+        """The keeper actor's answer to `method(*args)`, or `gone` if the actor is gone."""
         ray = require_ray()
-        return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
+        except ray.exceptions.RayActorError:
+            return gone
 
     def read_new(self) -> list[tuple[int, Any]]:
         ray = require_ray()
         try:
-            found = decode(self._ask("read", self._last))  # only those after `_last`
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            found, _ = decode(self._ask("read", self._last, gone=b""))  # those after `_last`
+        except ray.exceptions.GetTimeoutError:
             return []
         if found:
             self._last = found[-1][0]
         return found
 
     def keeper_gone(self) -> bool:
-        ray = require_ray()
-        try:
-            self.record = self._ask("record")
-        except ray.exceptions.RayActorError:
-            return True
-        return False
+        record = self._ask("record")
+        self.record = record or self.record
+        return record is None
 
     def on_lost(self) -> str:
         return "its Ray actor died"
 
-    def state_now(self) -> str:
-        return "lost" if self.keeper_gone() else self.record.state
-
     def ask_to_stop(self) -> bool:
-        ray = require_ray()
-        try:
-            self._ask("stop")
-        except ray.exceptions.RayActorError:
-            return False
-        return True
+        return self._ask("stop", gone=False) is None  # the actor's stop() says nothing
 
     def after_stop(self, seconds: float) -> None:
         self.forget()  # whoever stopped it has its outcome
@@ -156,18 +145,14 @@ class ClusterRun(DetachedRun):
         ray.kill(self._actor, no_restart=True)
 
     def shipped_plan(self) -> Any:
-        ray = require_ray()
-        launch = self._launch
+        launch = self._launch or self._ask("launch")
         if launch is None:
-            try:
-                launch = self._ask("launch")
-            except ray.exceptions.RayActorError:
-                raise RuntimeError(
-                    f"run {self.id}'s keeper died, and its launch with it: only the kernel "
-                    "that started the run can resume it. Launch the function again with "
-                    "detach=True and have it load the checkpoint "
-                    f"({self.report.checkpoint or 'none'})"
-                ) from None
+            raise RuntimeError(
+                f"run {self.id}'s keeper died, and its launch with it: only the kernel "
+                "that started the run can resume it. Launch the function again with "
+                "detach=True and have it load the checkpoint "
+                f"({self.report.checkpoint or 'none'})"
+            )
         return plan_from_bytes(launch)
 
     @classmethod
