@@ -24,7 +24,6 @@ several calls at once.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import os
@@ -133,9 +132,7 @@ class NodeAgent:
                     group.poll_until(until=min(deadline, time.monotonic() + POLL_SLICE_SECONDS))
                     group.reap_unseen_exits()
                 if self._outbox or group.all_exited() or time.monotonic() >= deadline:
-                    relayed = list(self._outbox)
-                    self._outbox.clear()
-                    return relayed
+                    return self._take_outbox()
 
     def signal(self, signum: int) -> None:
         """Send `signum` to the worker if it still runs."""
@@ -174,9 +171,7 @@ class NodeAgent:
         with self._lock:
             self._end_group()
             self._close_store()
-            relayed = list(self._outbox)
-            self._outbox.clear()
-            return relayed
+            return self._take_outbox()
 
     def warm(self, modules: list[tuple[str, str | None]]) -> list[str]:
         """Import here the safe modules a worker had to import itself (launch/warm.py),
@@ -191,6 +186,11 @@ class NodeAgent:
         return list(warming.modules)
 
     # -- plumbing ----------------------------------------------------------------
+
+    def _take_outbox(self) -> list[Any]:
+        relayed = list(self._outbox)
+        self._outbox.clear()  # the group appends to this list
+        return relayed
 
     def _end_group(self) -> None:
         group, self._group = self._group, None
@@ -226,17 +226,16 @@ class _RelayGroup(WorkerGroup):
 def _loopback_interfaces(environment: dict[str, str]) -> dict[str, str]:
     """When every worker meets on a loopback address (a cluster on one machine), the
     collectives' own connections stay on the loopback interface too."""
-    with contextlib.suppress(ValueError):
-        if not ipaddress.ip_address(environment.get("MASTER_ADDR", "")).is_loopback:
-            return {}
-        import psutil
+    if not _is_loopback(environment.get("MASTER_ADDR", "")):
+        return {}
+    import psutil
 
-        for name, addresses in psutil.net_if_addrs().items():
-            if any(_is_loopback(address.address) for address in addresses):
-                return {
-                    variable: os.environ.get(variable, name)
-                    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-                }
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(_is_loopback(address.address) for address in addresses):
+            return {
+                variable: os.environ.get(variable, name)
+                for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+            }
     return {}
 
 

@@ -176,7 +176,11 @@ def _start_local(ray: Any) -> None:
             )
             return
         except Exception as error:
-            _end_failed_start(ray, running_before)
+            # A head whose node never registered is not known to ray.shutdown(): its
+            # processes (this process's children) are ended by PID.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            end_new_descendants(running_before)
             if attempt < LOCAL_START_ATTEMPTS and node_missed_registration(error):
                 continue  # a fresh start, the first one's processes all ended
             said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
@@ -212,17 +216,6 @@ def end_processes(pids: set[int], seconds: float = 5.0) -> None:
     """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
     others = processes.OtherProcess.of(pids)
     processes.end_processes(others, grace=seconds, reap=seconds, groups=False)
-
-
-def _end_failed_start(ray: Any, running_before: set[int]) -> None:
-    """Stop what a failed local start left running: a head whose node never registered
-    is not known to ray.shutdown(), so its processes (this process's children) are
-    ended by PID."""
-    try:
-        ray.shutdown()
-    except Exception:  # noqa: BLE001 - its processes are ended below either way
-        pass
-    end_new_descendants(running_before)
 
 
 def end_new_descendants(running_before: set[int]) -> None:
@@ -286,9 +279,7 @@ def _same(address: str, current: str) -> bool:
         current_host, current_port = _host_and_port(current)
     except ValueError:
         return address == current
-    if port != current_port:
-        return False
-    return _resolve(host) == _resolve(current_host)
+    return port == current_port and _resolve(host) == _resolve(current_host)
 
 
 def _resolve(host: str) -> str:

@@ -277,9 +277,9 @@ class RayWorkerGroup(WorkerGroupBase):
     # -- live workers ------------------------------------------------------------
 
     def signal(self, rank: int, signum: int) -> None:
-        worker = self._worker(rank)
-        if worker is not None and not worker.ended:
-            self._agents[rank].signal.remote(signum)
+        for worker in self.workers:
+            if worker.rank == rank and not worker.ended:
+                self._agents[rank].signal.remote(signum)
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
         ray = self._ray
@@ -326,13 +326,11 @@ class RayWorkerGroup(WorkerGroupBase):
             stops = {self._agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
             ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
             for ref in ready:
-                worker = stops[ref]
-                try:
-                    self._deliver(worker, ray.get(ref))
-                except ray.exceptions.RayActorError as error:
-                    self._lose(worker, error)
-                except ray.exceptions.RayError as error:
-                    self._lose(worker, error, because="its agent failed")
+                answered, relayed = self._answer(
+                    ref, stops[ref], ray.exceptions.RayError, "its agent failed"
+                )
+                if answered:
+                    self._deliver(stops[ref], relayed)
             for ref in unready:
                 self._lose(
                     stops[ref],
@@ -343,9 +341,6 @@ class RayWorkerGroup(WorkerGroupBase):
                 if not worker.ended:
                     self._flush(worker)
             self._polls.clear()
-
-    def _worker(self, rank: int) -> SupervisedWorker | None:
-        return next((worker for worker in self.workers if worker.rank == rank), None)
 
 
 @contextmanager

@@ -48,6 +48,15 @@ def place_on_cluster(
         keep_warm=values["keep_warm"],
         shipped=shipped,
     )
+    check_room(request, nodes)
+    if platform.name == "cpu":  # a GPU's precisions are checked where it is
+        hardware = Hardware(cpu_cores=int(sum(node.cpus for node in nodes)))
+        platform.check_precision(values["mixed_precision"], hardware)
+    return platform, request
+
+
+def check_room(request: ClusterRequest, nodes: list[NodeResources]) -> None:
+    """PlacementError when the cluster's `nodes` can never hold `request`."""
     why = unmet(request, nodes)
     if why:
         raise PlacementError(
@@ -55,10 +64,6 @@ def place_on_cluster(
             "workers (num_processes), fewer CPUs each (cpus_per_worker), another "
             "placement_strategy, or add nodes."
         )
-    if platform.name == "cpu":  # a GPU's precisions are checked where it is
-        hardware = Hardware(cpu_cores=int(sum(node.cpus for node in nodes)))
-        platform.check_precision(values["mixed_precision"], hardware)
-    return platform, request
 
 
 def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:

@@ -29,7 +29,8 @@ from typing import Any
 
 from notebook_accel.launch.cluster.agent import MAX_CONCURRENT_CALLS, AgentInfo, NodeAgent
 from notebook_accel.launch.cluster.connect import alive_nodes, free_resources, require_ray
-from notebook_accel.launch.cluster.request import ClusterRequest, unmet
+from notebook_accel.launch.cluster.plan import check_room
+from notebook_accel.launch.cluster.request import ClusterRequest
 from notebook_accel.launch.errors import PlacementError
 
 # How long the cluster gets to find room for the placement group, when it has the room
@@ -83,7 +84,7 @@ class WorkerPool:
         self._released = False
         # Looked up now, on the launching thread: the keep-warm timer's thread releases
         # the pool with them and imports nothing.
-        self._kill, self._remove = _releasers()
+        self._releasers = _releasers()
 
     @property
     def nodes(self) -> int:
@@ -103,7 +104,7 @@ class WorkerPool:
         if self._released:
             return
         self._released = True
-        _release_parts(self.placement_group, self.agents, self._kill, self._remove)
+        _release_parts(self.placement_group, self.agents, *self._releasers)
 
 
 def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
@@ -114,9 +115,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     _wait_until_lost_nodes_are_gone(interrupt)
-    why = unmet(request, alive_nodes(excluding=_LOST_NODES))
-    if why:
-        raise PlacementError(f"The cluster cannot run this launch: {why}. {_FEWER}")
+    check_room(request, alive_nodes(excluding=_LOST_NODES))
     group = placement_group(
         request.bundles(),
         strategy=request.placement_strategy,
@@ -162,7 +161,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         except ray.exceptions.RayActorError as error:
             raise PlacementError(_agent_failed(error)) from None
     except BaseException:
-        _release_parts(group, agents)
+        _release_parts(group, agents, *_releasers())
         raise
     return WorkerPool(request, group, agents, infos)
 
@@ -282,18 +281,10 @@ def _wait_until_lost_nodes_are_gone(interrupt: Callable[[], bool] | None) -> Non
 
 # -- plumbing ------------------------------------------------------------------------
 
-_FEWER = (
-    "Nothing was started. Ask for fewer workers (num_processes), fewer CPUs each "
-    "(cpus_per_worker), another placement_strategy, or add nodes."
-)
-
 
 def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
     """Each rank's place, and which agent (by creation order) runs each rank."""
-    nodes: list[str] = []
-    for info in infos:
-        if info.node_id not in nodes:
-            nodes.append(info.node_id)
+    nodes = list(dict.fromkeys(info.node_id for info in infos))
     order = sorted(range(len(infos)), key=lambda i: (nodes.index(infos[i].node_id), i))
     places: list[Place] = []
     for rank, index in enumerate(order):
@@ -334,15 +325,8 @@ def _releasers() -> tuple[Callable[..., Any], Callable[..., Any]]:
     return ray.kill, remove_placement_group
 
 
-def _release_parts(
-    group: Any,
-    agents: list[Any],
-    kill: Callable[..., Any] | None = None,
-    remove: Callable[..., Any] | None = None,
-) -> None:
+def _release_parts(group: Any, agents: list[Any], kill: Callable, remove: Callable) -> None:
     """Kill the agents and remove the placement group; a part already gone is fine."""
-    if kill is None or remove is None:
-        kill, remove = _releasers()
     for agent in agents:
         with contextlib.suppress(Exception):  # a lost node's agent is gone already
             kill(agent, no_restart=True)
