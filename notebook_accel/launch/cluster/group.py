@@ -3,29 +3,13 @@
 A launch (or a live group) with `cluster="ray"` opens its attempt here
 instead of on this machine (launch/attempt.py); everything above the group
 (the launcher, restarts, the reporting events, the views and the panel, live
-calls) is the same code as for local workers.
-
-- Placing: a pool of agents, one per worker, in a placement group
-  (launch/cluster/pool.py), warm from an earlier run when it has the same
-  shape.
-- Starting: rank 0's agent binds the store on its node, then every agent
-  forks its worker with the rank's environment (MASTER_ADDR is rank 0's
-  node). The function and its arguments travel once, by value, through Ray's
-  object store.
-- Watching: each agent relays its worker's output and channel bytes and its
-  exit through Ray's own calls (one `events()` call in flight per agent,
-  answered as soon as there is something); they become lines and events here
-  exactly as a local worker's do. Nothing connects back to the kernel: only
-  the kernel reaches the cluster, so Ray Client (`ray://`) works too.
-- Losing: an agent that stops answering (its node left the cluster) is a
-  lost worker, named with its node and what became of it in our words (Ray's
-  error text about its actor stays out of the message); the others are
-  stopped as for any failure.
-- Stopping: every agent ends its worker (SIGTERM, then SIGKILL) and returns
-  its last output. The pool is then kept warm for the request's `keep_warm`
-  seconds (0 for live workers unless the user passed it: their close() frees
-  everything), or released at once when the run was stopped, timed out or
-  lost a node.
+calls) is the same code as for local workers. The workers' agents come from
+a pool (pool.py): rank 0's agent binds the store on its node, then every agent
+forks its worker with the rank's environment (MASTER_ADDR is rank 0's node).
+The function and its arguments travel once, by value, through Ray's object
+store. What the agents relay (agent.py) becomes lines and events here exactly
+as a local worker's output does. Nothing connects back to the kernel: only the
+kernel reaches the cluster, so Ray Client (`ray://`) works too.
 """
 
 from __future__ import annotations
@@ -95,7 +79,6 @@ class RayWorkerGroup(WorkerGroupBase):
         self._ray = require_ray()
         self._polls: dict[Any, SupervisedWorker] = {}
         self._pipes: dict[tuple[int, str], WorkerPipe] = {}
-        self._agents: dict[int, Any] = {}
         # The modules each agent was told to import.
         self._imported: dict[int, set[str]] = {}
         self._stopped = False
@@ -110,10 +93,8 @@ class RayWorkerGroup(WorkerGroupBase):
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
         ray = self._ray
-        first = self.pool.agents[0]
-        [port] = wait_for(
-            [first.open_store.remote(self.rendezvous_timeout)], AGENT_START_SECONDS, interrupt
-        )
+        first = self.pool.agents[0].open_store.remote(self.rendezvous_timeout)
+        [port] = wait_for([first], AGENT_START_SECONDS, interrupt)
         master = self.pool.places[0].info.address
         shipped = ray.put(self.spec.shipped)
         starts = {}
@@ -122,7 +103,6 @@ class RayWorkerGroup(WorkerGroupBase):
                 place.rank, place.local_rank, process=place, where=place.where
             )
             self.workers.append(worker)
-            self._agents[place.rank] = agent
             for stream in STREAMS:
                 self._pipes[(place.rank, stream)] = WorkerPipe(worker, stream, reader=None)
             self._pipes[(place.rank, "channel")].reader = ChannelReader(place.rank)
@@ -211,7 +191,7 @@ class RayWorkerGroup(WorkerGroupBase):
         return False, None
 
     def _relay(self, worker: SupervisedWorker) -> None:
-        self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
+        self._polls[self.pool.agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
     def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
         for item in relayed:
@@ -235,7 +215,7 @@ class RayWorkerGroup(WorkerGroupBase):
         train (as the kernel does for its own workers: launch/warm.py), so that the next
         launch's workers start with it. A worker of each node reports at its milestones;
         its peers import the same, so every agent is told."""
-        for rank, agent in self._agents.items():
+        for rank, agent in enumerate(self.pool.agents):
             sent = self._imported.setdefault(rank, set())
             new = [module for module in modules if module[0] not in sent]
             if new:
@@ -279,14 +259,14 @@ class RayWorkerGroup(WorkerGroupBase):
     def signal(self, rank: int, signum: int) -> None:
         for worker in self.workers:
             if worker.rank == rank and not worker.ended:
-                self._agents[rank].signal.remote(signum)
+                self.pool.agents[rank].signal.remote(signum)
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
         ray = self._ray
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("the worker did not read what was sent down its link")
-        ref = self._agents[rank].send.remote(data, remaining)
+        ref = self.pool.agents[rank].send.remote(data, remaining)
         try:
             ray.get(ref, timeout=remaining + ORDER_SECONDS)
         except ray.exceptions.GetTimeoutError:
@@ -299,12 +279,12 @@ class RayWorkerGroup(WorkerGroupBase):
             raise OSError(_first_line(error)) from None
 
     def end_calls(self) -> None:
-        refs = [self._agents[w.rank].end_calls.remote() for w in self.workers if not w.lost]
+        refs = [self.pool.agents[w.rank].end_calls.remote() for w in self.workers if not w.lost]
         self._ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
 
     def connection_addresses(self) -> list[tuple[str, int]]:
         ray = self._ray
-        refs = [self._agents[w.rank].connections.remote() for w in self.workers if not w.lost]
+        refs = [self.pool.agents[w.rank].connections.remote() for w in self.workers if not w.lost]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
         found: set[tuple[str, int]] = set()
         for ref in ready:
@@ -323,7 +303,7 @@ class RayWorkerGroup(WorkerGroupBase):
                 return
             self._stopped = True
             ray = self._ray
-            stops = {self._agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
+            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
             ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
             for ref in ready:
                 answered, relayed = self._answer(

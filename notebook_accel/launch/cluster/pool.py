@@ -86,10 +86,6 @@ class WorkerPool:
         # the pool with them and imports nothing.
         self._releasers = _releasers()
 
-    @property
-    def nodes(self) -> int:
-        return len({place.info.node_id for place in self.places})
-
     def answers(self) -> bool:
         """Whether every agent is up and answering (a warm pool is checked before use)."""
         ray = require_ray()
