@@ -13,13 +13,6 @@ The agent parses nothing its worker writes: output and channel bytes are
 relayed as they are, and the kernel turns them into lines and events
 (WorkerGroupBase) as it does for its own workers. Values of classes defined
 in the notebook exist only in the worker and the kernel, not in the agent.
-
-The kernel asks for what happened with `events()`, a call that returns as
-soon as there is something (or after a short while), and keeps one such call
-in flight per agent. Rank 0's agent also hosts the store the workers meet at
-(launch/rendezvous.py), as the kernel does on one machine. The other calls
-(stop, signal, what goes down the worker's link) run beside it: the actor takes
-several calls at once.
 """
 
 from __future__ import annotations

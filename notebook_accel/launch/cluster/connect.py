@@ -139,16 +139,6 @@ def alive_nodes(excluding: set[str] | frozenset[str] = frozenset()) -> list[Node
     return nodes
 
 
-def free_resources() -> str:
-    """ "free now: 1 CPU, 0 GPUs" """
-    ray = require_ray()
-    free = ray.available_resources()
-    cpus, gpus = free.get("CPU", 0.0), free.get("GPU", 0.0)
-    return (
-        f"free now: {cpus:g} CPU{'s' if cpus != 1 else ''}, {gpus:g} GPU{'s' if gpus != 1 else ''}"
-    )
-
-
 def _start_local(ray: Any) -> None:
     """A Ray cluster of this machine alone, for this kernel (it ends with the kernel).
 

@@ -146,7 +146,7 @@ class RayWorkerGroup(WorkerGroupBase):
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
             for ref in ready:
                 failed = ray.exceptions.RayTaskError
-                if self._answer(ref, starts[ref], failed, "its agent could not start it")[0]:
+                if self._answer(ref, starts[ref], failed, "its agent could not start it"):
                     self._relay(starts[ref])
         for ref in pending:
             self._lose(
@@ -157,9 +157,9 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def poll_until(self, until: float | None) -> None:
         ray = self._ray
-        now = time.monotonic()
-        wait = POLL_SLICE_SECONDS if until is None else min(POLL_SLICE_SECONDS, until - now)
-        wait = max(0.0, wait)
+        wait = POLL_SLICE_SECONDS
+        if until is not None:
+            wait = max(0.0, min(wait, until - time.monotonic()))
         if not self._polls:
             time.sleep(wait)
             return
@@ -169,26 +169,24 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            answered, relayed = self._answer(
-                ref, worker, ray.exceptions.RayError, "its agent failed"
-            )
-            if answered:
+            relayed = self._answer(ref, worker, ray.exceptions.RayError, "its agent failed")
+            if relayed is not None:
                 self._deliver(worker, relayed)
                 if not worker.ended:
                     self._relay(worker)
 
     def _answer(
         self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
-    ) -> tuple[bool, Any]:
-        """(True, what `worker`'s agent answered to the call `ref`), or (False, None) with
-        the worker lost: its agent is gone, or the call raised `failed` (`because` says)."""
+    ) -> Any:
+        """What `worker`'s agent answered to the call `ref`, or None with the worker lost:
+        its agent is gone, or the call raised `failed` (`because` says)."""
         try:
-            return True, self._ray.get(ref)
+            return self._ray.get(ref)
         except self._ray.exceptions.RayActorError as error:
             self._lose(worker, error)
         except failed as error:
             self._lose(worker, error, because=because)
-        return False, None
+        return None
 
     def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self.pool.agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
@@ -306,10 +304,8 @@ class RayWorkerGroup(WorkerGroupBase):
             stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
             ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
             for ref in ready:
-                answered, relayed = self._answer(
-                    ref, stops[ref], ray.exceptions.RayError, "its agent failed"
-                )
-                if answered:
+                relayed = self._answer(ref, stops[ref], ray.exceptions.RayError, "its agent failed")
+                if relayed is not None:
                     self._deliver(stops[ref], relayed)
             for ref in unready:
                 self._lose(

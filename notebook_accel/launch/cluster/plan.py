@@ -1,11 +1,7 @@
 """The checks a launch on a Ray cluster makes before anything starts, and its request.
 
-In this order, each with an error that says what to do (the options of one
-machine alone were refused before, launch/options.py): the backend and the
-placement asked for, Ray installed, the function and its arguments able to
-travel to the nodes, the cluster reachable (a cluster of this machine alone
-is started when none is named), and the cluster big enough for what was
-asked (Ray would wait forever for a placement group it cannot hold).
+Each error says what to do; the options of one machine alone were refused
+before (launch/options.py).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
-from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
+from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, amount, unmet
 from notebook_accel.launch.errors import PlacementError
 from notebook_accel.launch.packing import pack_for_cluster
 from notebook_accel.platforms.base import Platform
@@ -99,9 +95,8 @@ def _platform(backend: str | None, nodes: list[NodeResources]) -> Platform:
     name = backend or ("cuda" if gpus else "cpu")
     if name == "cuda" and not gpus:
         raise PlacementError(
-            f"backend='cuda' needs GPUs, but the cluster has none ({len(nodes)} "
-            f"node{'s' if len(nodes) != 1 else ''}, CPUs only). Use backend='cpu', or add "
-            "GPU nodes. Nothing was started."
+            f"backend='cuda' needs GPUs, but the cluster has none ({amount(len(nodes), 'node')}, "
+            "CPUs only). Use backend='cpu', or add GPU nodes. Nothing was started."
         )
     return platform_named(name)
 

@@ -28,9 +28,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.launch.cluster.agent import MAX_CONCURRENT_CALLS, AgentInfo, NodeAgent
-from notebook_accel.launch.cluster.connect import alive_nodes, free_resources, require_ray
+from notebook_accel.launch.cluster.connect import alive_nodes, require_ray
 from notebook_accel.launch.cluster.plan import check_room
-from notebook_accel.launch.cluster.request import ClusterRequest
+from notebook_accel.launch.cluster.request import ClusterRequest, amount
 from notebook_accel.launch.errors import PlacementError
 
 # How long the cluster gets to find room for the placement group, when it has the room
@@ -122,11 +122,13 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         try:
             wait_for([group.ready()], PLACEMENT_SECONDS, interrupt)
         except TimeoutError:
+            free = ray.available_resources()
             raise PlacementError(
                 f"The cluster has room for {request.describe()} in all, but found none "
-                f"within {PLACEMENT_SECONDS:.0f} s: other work holds part of it now "
-                f"({free_resources()}; live workers of this kernel hold theirs until "
-                "closed). Nothing was started; try again once it is free, or ask for fewer."
+                f"within {PLACEMENT_SECONDS:.0f} s: other work holds part of it now (free "
+                f"now: {amount(free.get('CPU', 0), 'CPU')}, {amount(free.get('GPU', 0), 'GPU')}; "
+                "live workers of this kernel hold theirs until closed). Nothing was started; "
+                "try again once it is free, or ask for fewer."
             ) from None
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
