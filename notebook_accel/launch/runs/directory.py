@@ -53,19 +53,15 @@ def runs_root() -> Path:
         state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
         root = Path(state) / "notebook_accel" / "runs"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _make_private(root)
-    return root
-
-
-def _make_private(path: Path) -> None:
-    info = path.stat()
+    info = root.stat()
     if info.st_uid != os.getuid():
         raise PermissionError(
-            f"{path} belongs to another user; detached runs must be private. Set "
+            f"{root} belongs to another user; detached runs must be private. Set "
             f"${ENV_RUNS_DIR} to a directory of your own."
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
-        path.chmod(0o700)
+        root.chmod(0o700)
+    return root
 
 
 def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:

@@ -181,9 +181,11 @@ class EventLogReader:
         while True:
             if self._file is None and not self._open_newest():
                 return found
-            found += self._read_records()
-            newer = [number for number in segments(self.directory) if number > self._number]
-            if not newer:
+            records, self._pending = decode(self._pending + self._file.read())
+            found += [record for record in records if record[0] > self.last_sequence]
+            if found:  # in sequence order, in a segment and from one to the next
+                self.last_sequence = found[-1][0]
+            if all(number <= self._number for number in segments(self.directory)):
                 return found
             # The keeper moved on to a compacted segment holding everything kept so far.
             self._file.close()
@@ -196,15 +198,6 @@ class EventLogReader:
                 self._number = number
                 return True
         return False
-
-    def _read_records(self) -> list[tuple[int, RunEvent]]:
-        records, self._pending = decode(self._pending + self._file.read())
-        found = []
-        for sequence, event in records:
-            if sequence > self.last_sequence:
-                self.last_sequence = sequence
-                found.append((sequence, event))
-        return found
 
     def close(self) -> None:
         if self._file is not None:
