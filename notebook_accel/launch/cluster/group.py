@@ -21,9 +21,10 @@ from contextlib import contextmanager
 from typing import Any
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes
-from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
+from notebook_accel.launch.cluster.connect import connect, require_ray
 from notebook_accel.launch.cluster.pool import (
     AGENT_START_SECONDS,
+    WAIT_SLICE_SECONDS,
     Place,
     WorkerPool,
     node_lost,
@@ -48,8 +49,6 @@ from notebook_accel.reporting.events import ModulesImported, RunEvent, WorkerExi
 
 # How long one `events()` call may wait on its node for something to relay.
 RELAY_SECONDS = 0.5
-# The longest one wait here lasts before the deadline and stop signal are looked at.
-POLL_SLICE_SECONDS = 0.1
 # How long the agents get to stop their workers and send their last output.
 STOP_SECONDS = TERMINATE_GRACE_SECONDS + KILL_REAP_SECONDS + 2.0
 # How long a live call's other orders (close, connections) get.
@@ -143,7 +142,7 @@ class RayWorkerGroup(WorkerGroupBase):
         while pending and time.monotonic() < deadline:
             if interrupt is not None and interrupt():
                 raise KeyboardInterrupt("the run was stopped")
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
             for ref in ready:
                 failed = ray.exceptions.RayTaskError
                 if self._answer(ref, starts[ref], failed, "its agent could not start it"):
@@ -157,7 +156,7 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def poll_until(self, until: float | None) -> None:
         ray = self._ray
-        wait = POLL_SLICE_SECONDS
+        wait = WAIT_SLICE_SECONDS
         if until is not None:
             wait = max(0.0, min(wait, until - time.monotonic()))
         if not self._polls:
@@ -233,13 +232,11 @@ class RayWorkerGroup(WorkerGroupBase):
         actor's calls ("Connection reset by peer ... may or may not have been executed")."""
         if worker.ended:
             return
-        place: Place = worker.process
         if because:
             detail = _first_line(error)
             lost = f"{because} ({detail})" if detail else because
         else:
-            lost = _node_lost(place.info.node_id)
-            node_lost(place.info.node_id)
+            lost = node_lost(worker.process.info.node_id)  # a Place
         self._flush(worker)
         self.exited(worker, None, lost=lost)
 
@@ -356,15 +353,6 @@ def import_what_a_run_uses() -> None:
     require_ray()
     import ray.util.placement_group  # noqa: F401
     import ray.util.scheduling_strategies  # noqa: F401
-
-
-def _node_lost(node_id: str) -> str:
-    """Why a worker whose agent stopped answering was lost (what the docs quote): Ray
-    marks a node dead only after it missed its health checks for some seconds, so
-    until then the kernel cannot tell a node gone from a network down."""
-    if node_id not in {node.node_id for node in alive_nodes()}:
-        return "its node left the cluster"
-    return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
 def _first_line(error: BaseException | None) -> str:

@@ -48,7 +48,7 @@ PING_SECONDS = 5.0
 # After a node was lost, how long to wait for the cluster to see it gone before placing
 # the workers again (until then Ray may still offer it).
 NODE_GONE_SECONDS = 30.0
-# The longest one wait lasts before the stop signal is looked at again.
+# The longest one wait lasts before the deadline and the stop signal are looked at again.
 WAIT_SLICE_SECONDS = 0.1
 
 
@@ -230,10 +230,16 @@ def release_idle() -> bool:
     return True
 
 
-def node_lost(node_id: str) -> None:
-    """A run lost `node_id`: place later runs elsewhere until Ray sees it gone."""
+def node_lost(node_id: str) -> str:
+    """A run lost `node_id`: place later runs elsewhere until Ray sees it gone. Returns
+    why the worker there was lost (what the docs quote): Ray marks a node dead only after
+    it missed its health checks for some seconds, so until then the kernel cannot tell a
+    node gone from a network down."""
     with _LOCK:
         _LOST_NODES.add(node_id)
+    if node_id not in {node.node_id for node in alive_nodes()}:
+        return "its node left the cluster"
+    return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
 def _take_idle() -> WorkerPool | None:

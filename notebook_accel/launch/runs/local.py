@@ -1,13 +1,9 @@
 """A detached run whose keeper is a process of this machine: start it, follow it.
 
-`LocalRun.start` puts the run's function, arguments and checked options into
-its run directory first (the function by value, so a notebook cell's function
-works, as in fresh workers). The keeper (keeper.py) is a fresh interpreter
-that forks once more and lets its first process exit, so it is nobody's child:
-the kernel does not wait for it, and a kernel that dies or restarts does not
-take it along (it runs in a session of its own, out of the kernel's process
-group). It logs the run's events into the run directory (log.py); `LocalRun`
-reads them from there.
+The keeper (keeper.py) is nobody's child (processes.start_detached): the kernel
+does not wait for it, and a kernel that dies or restarts does not take it along.
+It logs the run's events into the run directory (log.py); `LocalRun` reads them
+from there.
 """
 
 from __future__ import annotations

@@ -98,9 +98,7 @@ def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
 
 
 class EventLog:
-    """A run's events as numbered records, bounded: once they pass `limit` bytes, only
-    what compaction keeps stays. Kept in memory (a keeper on a Ray cluster);
-    `EventLogWriter` also writes them to a run directory."""
+    """A run's events as numbered records, in memory, compacted past `limit` bytes."""
 
     def __init__(self, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.segment_bytes = segment_bytes
@@ -134,8 +132,7 @@ class EventLog:
 
 
 class EventLogWriter(EventLog):
-    """Appends a run's events to its directory (in the keeper): a compaction starts the
-    next segment with what is kept and removes the old one."""
+    """A run's events, also appended to its directory's segments (in the keeper)."""
 
     def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         super().__init__(segment_bytes)
