@@ -122,21 +122,16 @@ def _connected_to(address: str | None, current: str, ray: Any) -> bool:
 
 def alive_nodes(excluding: set[str] | frozenset[str] = frozenset()) -> list[NodeResources]:
     """The cluster's live nodes and the CPUs and GPUs each has (in all, not free)."""
-    ray = require_ray()
-    nodes = []
-    for node in ray.nodes():
-        if not node.get("Alive") or node["NodeID"] in excluding:
-            continue
-        resources = node.get("Resources", {})
-        nodes.append(
-            NodeResources(
-                node_id=node["NodeID"],
-                address=node.get("NodeManagerAddress", "?"),
-                cpus=float(resources.get("CPU", 0.0)),
-                gpus=float(resources.get("GPU", 0.0)),
-            )
+    return [
+        NodeResources(
+            node_id=node["NodeID"],
+            address=node.get("NodeManagerAddress", "?"),
+            cpus=float(node.get("Resources", {}).get("CPU", 0.0)),
+            gpus=float(node.get("Resources", {}).get("GPU", 0.0)),
         )
-    return nodes
+        for node in require_ray().nodes()
+        if node.get("Alive") and node["NodeID"] not in excluding
+    ]
 
 
 def _start_local(ray: Any) -> None:

@@ -147,10 +147,9 @@ class RayWorkerGroup(WorkerGroupBase):
                 failed = ray.exceptions.RayTaskError
                 if self._answer(ref, starts[ref], failed, "its agent could not start it"):
                     self._relay(starts[ref])
+        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
         for ref in pending:
-            self._lose(
-                starts[ref], None, because=f"it did not start within {AGENT_START_SECONDS:.0f} s"
-            )
+            self._lose(starts[ref], None, because=late)
 
     # -- watching --------------------------------------------------------------
 
@@ -304,12 +303,9 @@ class RayWorkerGroup(WorkerGroupBase):
                 relayed = self._answer(ref, stops[ref], ray.exceptions.RayError, "its agent failed")
                 if relayed is not None:
                     self._deliver(stops[ref], relayed)
+            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
             for ref in unready:
-                self._lose(
-                    stops[ref],
-                    None,
-                    because=f"its agent did not stop it within {STOP_SECONDS:.0f} s",
-                )
+                self._lose(stops[ref], None, because=late)
             for worker in self.workers:
                 if not worker.ended:
                     self._flush(worker)

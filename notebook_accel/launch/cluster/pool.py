@@ -1,20 +1,16 @@
 """The agents of a launch on a Ray cluster: placed, ranked, kept warm, released.
 
-A pool is one placement group holding what the launch asked for (a bundle
-per worker, or per node with `workers_per_node`) and one agent per worker
-in it (launch/cluster/agent.py). Ranks follow the nodes: the workers of the
-node that holds bundle 0 come first, each node's ranks are consecutive, so
-LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
+A pool is one placement group holding what the launch asked for and one agent
+per worker in it (launch/cluster/agent.py). Ranks follow the nodes: the workers
+of the node that holds bundle 0 come first, each node's ranks are consecutive,
+so LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
 
-After a run the pool stays up for `keep_warm` seconds, so the next launch
-with the same shape reuses its agents (their processes, their imports) and
-starts in a fraction of a second. Live workers' `close()` releases theirs at
-once, unless `start_workers` was given `keep_warm` (live/start.py). A run
-that was stopped, timed out or lost a node releases its pool at once: every
-agent is killed and the placement group removed, which frees its GPUs and
-CPUs for the cluster's other work.
-The pool belongs to this kernel's Ray job, so Ray removes it if the kernel
-dies; `release_cluster()` frees a warm pool earlier.
+After a run the pool stays up for `keep_warm` seconds, so the next launch with
+the same shape reuses its agents (their processes, their imports) and starts in
+a fraction of a second (live workers' `close()` releases theirs at once, unless
+`start_workers` was given `keep_warm`). Releasing kills every agent and removes
+the placement group, which frees its GPUs and CPUs for the cluster's other work.
+The pool belongs to this kernel's Ray job, so Ray removes it if the kernel dies.
 """
 
 from __future__ import annotations
@@ -133,7 +129,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
         for worker in range(request.workers):
-            bundle = request.bundle_of(worker)
+            bundle = worker // request.per_bundle
             agents.append(
                 actor.options(
                     num_cpus=request.cpus_per_worker,
@@ -224,10 +220,9 @@ def return_pool(pool: WorkerPool, keep: bool) -> None:
 def release_idle() -> bool:
     """Release the warm pool now, if there is one; say whether there was."""
     idle = _take_idle()
-    if idle is None:
-        return False
-    idle.release()
-    return True
+    if idle is not None:
+        idle.release()
+    return idle is not None
 
 
 def node_lost(node_id: str) -> str:

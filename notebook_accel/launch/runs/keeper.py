@@ -26,7 +26,7 @@ from notebook_accel.reporting.report import final_status
 
 class Keeper(RunObserver):
     """Runs one detached run to its end: every event into `log`, the newest checkpoint
-    and how the run ended into its record. One subclass per place a keeper runs."""
+    and how the run ended into its record."""
 
     def __init__(self, log: EventLog, stop: StopSignal | None = None) -> None:
         self.log = log

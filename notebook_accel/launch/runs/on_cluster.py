@@ -85,8 +85,7 @@ class ClusterKeeper(Keeper):
 
     def record(self) -> RunRecord:
         """The run's record: what was launched, its state, its newest checkpoint."""
-        with self.lock:
-            return dataclasses.replace(self._record)
+        return self._record  # replaced whole by each change, never changed in place
 
     def stop(self) -> None:
         """Stop the run: every worker, agent and the placement group go."""
@@ -141,8 +140,7 @@ class ClusterRun(DetachedRun):
 
     def forget(self) -> None:
         """End the run's keeper actor now (a running run with it): what it kept is gone."""
-        ray = require_ray()
-        ray.kill(self._actor, no_restart=True)
+        require_ray().kill(self._actor, no_restart=True)
 
     def shipped_plan(self) -> Any:
         launch = self._launch or self._ask("launch")
