@@ -23,7 +23,16 @@ def place_on_cluster(
     """The platform the workers run on and what to ask of the cluster, or an error."""
     _refuse_options_for_this_machine(values)
     require_ray()
-    shipped = _packed(function, args, kwargs)
+    try:
+        shipped = pack_for_cluster(function, args, kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
+        raise TypeError(
+            "the function and its arguments must travel to the cluster's nodes, but they "
+            f"cannot be pickled ({type(error).__name__}: {error}). Pass plain data "
+            "(tensors, numbers, strings, models) and define what the function uses in the "
+            "notebook or in installed packages; open files, locks and connections cannot "
+            "travel."
+        ) from None
     connect(values["ray_address"])
     nodes = alive_nodes()
     platform = _platform(values["backend"], nodes)
@@ -75,19 +84,6 @@ def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
             f"workers_per_node={values['workers_per_node']} puts that many workers on each "
             "node, every node its own (STRICT_SPREAD); leave placement_strategy unset."
         )
-
-
-def _packed(function: Any, args: tuple, kwargs: dict) -> bytes:
-    try:
-        return pack_for_cluster(function, args, kwargs)
-    except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
-        raise TypeError(
-            "the function and its arguments must travel to the cluster's nodes, but they "
-            f"cannot be pickled ({type(error).__name__}: {error}). Pass plain data "
-            "(tensors, numbers, strings, models) and define what the function uses in the "
-            "notebook or in installed packages; open files, locks and connections cannot "
-            "travel."
-        ) from None
 
 
 def _platform(backend: str | None, nodes: list[NodeResources]) -> Platform:

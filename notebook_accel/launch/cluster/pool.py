@@ -129,7 +129,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
         for worker in range(request.workers):
-            bundle = worker // request.per_bundle
+            bundle = request.bundle_of(worker)
             agents.append(
                 actor.options(
                     num_cpus=request.cpus_per_worker,
@@ -153,7 +153,14 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                 f"the nodes Ray chose ({sorted(set(placed.values()))}); nothing was started."
             ) from None
         except ray.exceptions.RayActorError as error:
-            raise PlacementError(_agent_failed(error)) from None
+            text = str(error)
+            lines = reversed(text.splitlines())
+            detail = next((line.strip() for line in lines if "Error" in line), text[:300])
+            raise PlacementError(
+                f"the workers' agents could not start on the cluster ({detail}). Every node "
+                "needs notebook_accel installed, with the torch this kernel uses (pip install "
+                "notebook_accel on each node, or in the cluster's image); nothing was started."
+            ) from None
     except BaseException:
         _release_parts(group, agents, *_releasers())
         raise
@@ -303,18 +310,6 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
             )
         )
     return places, order
-
-
-def _agent_failed(error: BaseException) -> str:
-    text = str(error)
-    detail = next(
-        (line.strip() for line in reversed(text.splitlines()) if "Error" in line), text[:300]
-    )
-    return (
-        f"the workers' agents could not start on the cluster ({detail}). Every node needs "
-        "notebook_accel installed, with the torch this kernel uses (pip install "
-        "notebook_accel on each node, or in the cluster's image); nothing was started."
-    )
 
 
 def _releasers() -> tuple[Callable[..., Any], Callable[..., Any]]:

@@ -87,6 +87,10 @@ class ClusterRequest:
             bundle["GPU"] = float(self.gpus_per_worker * self.per_bundle)
         return [dict(bundle) for _ in range(self.workers // self.per_bundle)]
 
+    def bundle_of(self, worker: int) -> int:
+        """The bundle worker number `worker` is placed in."""
+        return worker // self.per_bundle
+
     def describe(self) -> str:
         """ "2 workers of 1 CPU each, packed onto as few nodes as possible" """
         each = amount(self.cpus_per_worker, "CPU")
