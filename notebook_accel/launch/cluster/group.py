@@ -82,11 +82,6 @@ class RayWorkerGroup(WorkerGroupBase):
         self._imported: dict[int, set[str]] = {}
         self._stopped = False
 
-    @property
-    def lost_any(self) -> bool:
-        """Whether a worker's agent (its node, most often) stopped answering."""
-        return any(worker.lost for worker in self.workers)
-
     # -- starting --------------------------------------------------------------
 
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
@@ -339,7 +334,7 @@ def open_cluster_group(
         raise
     finally:
         group.stop()
-        return_pool(pool, keep and not group.lost_any)
+        return_pool(pool, keep and not any(worker.lost for worker in group.workers))
 
 
 def import_what_a_run_uses() -> None:

@@ -1,14 +1,13 @@
 """A detached run on a Ray cluster: its keeper is a detached actor of the cluster.
 
 The kernel that launches with `cluster="ray"` and `detach=True` creates the
-run's keeper as a detached Ray actor (it outlives the kernel's Ray job) in a
-namespace of the user's own, and returns at once. The actor runs the launch
-as the kernel would (`run_plan`, its agents and placement group its own: they
-go with it) and keeps the run's events, bounded as a run directory's log is
-(log.py). Any kernel connected to the cluster finds it by name, reads the
-events since the last it had, and can stop it. After the run ends the actor
-stays `KEEP_ENDED_SECONDS` for kernels that come for the outcome, or until a
-kernel calls `forget()`; a kernel that stops a run frees it at once.
+run's keeper as a detached Ray actor (it outlives the kernel's Ray job) and
+returns at once. The actor runs the launch as the kernel would (`run_plan`, its
+agents and placement group its own: they go with it) and keeps the run's events,
+bounded as a run directory's log is (log.py). Any kernel connected to the
+cluster finds it by name, reads the events since the last it had, and can stop
+it. After the run ends the actor waits a while for kernels that come for the
+outcome (`KEEP_ENDED_SECONDS`).
 """
 
 from __future__ import annotations
