@@ -112,18 +112,11 @@ class ClusterRequest:
 def unmet(request: ClusterRequest, nodes: list[NodeResources]) -> str | None:
     """Why the cluster's nodes can never hold `request`, or None when they can
     (even if other work holds part of them now)."""
-    bundle = request.bundles()[0]
-    cpus, gpus = bundle.get("CPU", 0.0), bundle.get("GPU", 0.0)
-    slots = [node.slots(cpus, gpus) for node in nodes]
-    wanted = len(request.bundles())
-    strategy = request.placement_strategy
-    if strategy == "STRICT_PACK":
-        enough = max(slots, default=0) >= wanted
-    elif strategy == "STRICT_SPREAD":
-        enough = sum(1 for room in slots if room >= 1) >= wanted
-    else:
-        enough = sum(slots) >= wanted
-    if enough:
+    bundles = request.bundles()
+    slots = [node.slots(bundles[0].get("CPU", 0.0), bundles[0].get("GPU", 0.0)) for node in nodes]
+    # How many bundles the nodes hold: STRICT_PACK on one node, STRICT_SPREAD one a node.
+    strict = {"STRICT_PACK": max(slots, default=0), "STRICT_SPREAD": sum(n >= 1 for n in slots)}
+    if strict.get(request.placement_strategy, sum(slots)) >= len(bundles):
         return None
     return f"it asks for {request.describe()}, but {_what_there_is(nodes, request)}"
 

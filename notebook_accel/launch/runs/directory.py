@@ -93,11 +93,6 @@ def plan_from_bytes(data: bytes) -> Any:
     )
 
 
-def new_run_id() -> str:
-    """A run's id: when it started, and six hex digits that tell two of a second apart."""
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
-
-
 @dataclasses.dataclass
 class RunRecord:
     """What `run.json` says of a run: what was launched and by which process.
@@ -131,9 +126,11 @@ class RunRecord:
         return self.state in ENDED_STATES
 
     @classmethod
-    def of_plan(cls, run_id: str, plan: Any, **fields: Any) -> RunRecord:
-        """The first record of a run of the checked launch `plan`; `fields` are what
-        differs from what the plan says (where the keeper runs, the run it resumes)."""
+    def of_plan(cls, plan: Any, prefix: str = "", **fields: Any) -> RunRecord:
+        """The first record of a new run of the checked launch `plan`, its id `prefix`,
+        when it started and six hex digits that tell two of a second apart; `fields` are
+        what differs from what the plan says (where the keeper runs, the run it resumes)."""
+        run_id = prefix + time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         shape = {"main_rank": plan.node_rank * plan.local_world_size}
         shape.update(local_world_size=plan.local_world_size, start_method=plan.start_method)
         return cls(
@@ -160,10 +157,10 @@ class RunDirectory:
     def create(cls, plan: Any, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with the first record of a
         run of `plan` (`RunRecord.of_plan`)."""
-        run_id = new_run_id()
-        directory = cls(runs_root() / run_id)
+        record = RunRecord.of_plan(plan, **fields)
+        directory = cls(runs_root() / record.id)
         directory.path.mkdir(mode=0o700)
-        directory.write(RunRecord.of_plan(run_id, plan, **fields))
+        directory.write(record)
         return directory
 
     @property

@@ -25,7 +25,6 @@ from notebook_accel.launch.runs.detached import DetachedRun
 from notebook_accel.launch.runs.directory import (
     CLUSTER_ID_PREFIX,
     RunRecord,
-    new_run_id,
     plan_bytes,
     plan_from_bytes,
 )
@@ -157,8 +156,8 @@ class ClusterRun(DetachedRun):
         ray = require_ray()
         connect(plan.cluster.address)
         record = RunRecord.of_plan(
-            CLUSTER_ID_PREFIX + new_run_id(),
             plan,
+            CLUSTER_ID_PREFIX,
             main_rank=0,
             local_world_size=plan.world_size,
             start_method="on the cluster",
