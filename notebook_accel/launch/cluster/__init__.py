@@ -1,7 +1,5 @@
 """Workers on a Ray cluster, driven from one kernel (its modules: docs/architecture.md)."""
 
-from __future__ import annotations
-
 
 def release_cluster() -> bool:
     """Release now the Ray workers this kernel keeps warm after a run (`keep_warm`),

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes
@@ -277,10 +277,8 @@ class RayWorkerGroup(WorkerGroupBase):
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
         found: set[tuple[str, int]] = set()
         for ref in ready:
-            try:
+            with suppress(ray.exceptions.RayError):
                 found.update(tuple(address) for address in ray.get(ref))
-            except ray.exceptions.RayError:
-                continue
         return sorted(found)
 
     # -- stopping --------------------------------------------------------------

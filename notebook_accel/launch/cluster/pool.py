@@ -78,9 +78,7 @@ class WorkerPool:
         self.places, order = _places(infos)
         self.agents = [agents[index] for index in order]
         self._released = False
-        # Looked up now, on the launching thread: the keep-warm timer's thread releases
-        # the pool with them and imports nothing.
-        self._releasers = _releasers()
+        self._release = _releaser()  # made here: the keep-warm timer's thread imports nothing
 
     def answers(self) -> bool:
         """Whether every agent is up and answering (a warm pool is checked before use)."""
@@ -96,7 +94,7 @@ class WorkerPool:
         if self._released:
             return
         self._released = True
-        _release_parts(self.placement_group, self.agents, *self._releasers)
+        self._release(self.placement_group, self.agents)
 
 
 def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
@@ -162,7 +160,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                 "notebook_accel on each node, or in the cluster's image); nothing was started."
             ) from None
     except BaseException:
-        _release_parts(group, agents, *_releasers())
+        _releaser()(group, agents)
         raise
     return WorkerPool(request, group, agents, infos)
 
@@ -312,17 +310,17 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
     return places, order
 
 
-def _releasers() -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _releaser() -> Callable[[Any, list[Any]], None]:
+    """What kills agents and removes their placement group (a part already gone is fine),
+    with Ray's functions looked up now."""
     ray = require_ray()
     from ray.util.placement_group import remove_placement_group
 
-    return ray.kill, remove_placement_group
+    def release(group: Any, agents: list[Any]) -> None:
+        for agent in agents:
+            with contextlib.suppress(Exception):  # a lost node's agent is gone already
+                ray.kill(agent, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
 
-
-def _release_parts(group: Any, agents: list[Any], kill: Callable, remove: Callable) -> None:
-    """Kill the agents and remove the placement group; a part already gone is fine."""
-    for agent in agents:
-        with contextlib.suppress(Exception):  # a lost node's agent is gone already
-            kill(agent, no_restart=True)
-    with contextlib.suppress(Exception):
-        remove(group)
+    return release

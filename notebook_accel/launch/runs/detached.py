@@ -172,13 +172,12 @@ class DetachedRun:
             raise TimeoutError(f"run {self.id} is still {self.state} after {timeout} s")
         if self.report.error is not None:
             raise self.report.error
-        record = self.record
-        if record.return_all:
-            first = record.main_rank
+        first, results = self.record.main_rank, self.report.results
+        if self.record.return_all:
             return [
-                self.report.results.get(r) for r in range(first, first + record.local_world_size)
+                results.get(rank) for rank in range(first, first + self.record.local_world_size)
             ]
-        return self.report.results.get(record.main_rank)
+        return results.get(first)
 
     def add_observer(self, observer: RunObserver) -> None:
         """Hand `observer` every event from now on, as whoever follows the run reads it
