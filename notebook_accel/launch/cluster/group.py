@@ -78,8 +78,7 @@ class RayWorkerGroup(WorkerGroupBase):
         self._ray = require_ray()
         self._polls: dict[Any, SupervisedWorker] = {}
         self._pipes: dict[tuple[int, str], WorkerPipe] = {}
-        # The modules each agent was told to import.
-        self._imported: dict[int, set[str]] = {}
+        self._imported: set[str] = set()  # the modules every agent was told to import
         self._stopped = False
 
     # -- starting --------------------------------------------------------------
@@ -206,11 +205,10 @@ class RayWorkerGroup(WorkerGroupBase):
         train (as the kernel does for its own workers: launch/warm.py), so that the next
         launch's workers start with it. A worker of each node reports at its milestones;
         its peers import the same, so every agent is told."""
-        for rank, agent in enumerate(self.pool.agents):
-            sent = self._imported.setdefault(rank, set())
-            new = [module for module in modules if module[0] not in sent]
-            if new:
-                sent.update(name for name, _ in new)
+        new = [module for module in modules if module[0] not in self._imported]
+        if new:
+            self._imported.update(name for name, _ in new)
+            for agent in self.pool.agents:
                 agent.warm.remote(new)
 
     def _flush(self, worker: SupervisedWorker) -> None:

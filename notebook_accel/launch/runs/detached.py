@@ -60,10 +60,6 @@ class DetachedRun:
     `TimeoutError`, `KeyboardInterrupt` for a run that was stopped, or
     `RunLostError` for one whose keeper died before the end. `stop()` stops
     it, from any kernel.
-
-    One subclass per place a keeper runs: `LocalRun` (a process of this
-    machine, its run directory) and `ClusterRun` (a detached actor of a Ray
-    cluster, runs/on_cluster.py).
     """
 
     def __init__(self, record: RunRecord) -> None:
@@ -98,7 +94,7 @@ class DetachedRun:
     def __repr__(self) -> str:
         return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
 
-    # -- what each place of keepers provides -------------------------------------
+    # -- what each place of keepers provides (local.py, on_cluster.py) ------------
 
     def read_new(self) -> list[tuple[int, Any]]:
         """The events the keeper logged since the last call."""

@@ -1,8 +1,4 @@
-"""Finding detached runs and bringing them into a cell: attach(), runs(), resume().
-
-A run id names a run of this machine (its run directory, local.py), or with
-the prefix "ray-" a run on a Ray cluster (on_cluster.py).
-"""
+"""Finding detached runs and bringing them into a cell: attach(), runs(), resume()."""
 
 from __future__ import annotations
 
