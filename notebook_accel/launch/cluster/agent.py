@@ -66,7 +66,6 @@ class NodeAgent:
     # -- the node ----------------------------------------------------------------
 
     def describe(self) -> AgentInfo:
-        """This agent's node, address, process and GPUs."""
         import ray
 
         context = ray.get_runtime_context()
@@ -128,7 +127,6 @@ class NodeAgent:
                     return self._take_outbox()
 
     def signal(self, signum: int) -> None:
-        """Send `signum` to the worker if it still runs."""
         with self._lock:
             group = self._group
             if group is not None and group.workers:

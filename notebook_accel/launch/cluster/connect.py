@@ -191,7 +191,6 @@ def node_missed_registration(error: Exception) -> bool:
 
 
 def descendant_pids() -> set[int]:
-    """The PIDs of this process's descendants now."""
     import psutil
 
     return {child.pid for child in psutil.Process().children(recursive=True)}

@@ -269,15 +269,12 @@ def _release_if_idle(pool: WorkerPool) -> None:
 
 def _wait_until_lost_nodes_are_gone(interrupt: Callable[[], bool] | None) -> None:
     deadline = time.monotonic() + NODE_GONE_SECONDS
-    while True:
-        with _LOCK:
-            if not _LOST_NODES:
-                return
+    while _LOST_NODES:  # a set's truth is read at once: no lock
         alive = {node.node_id for node in alive_nodes()}
         with _LOCK:
             _LOST_NODES.intersection_update(alive)
-            if not _LOST_NODES or time.monotonic() >= deadline:
-                return
+        if not _LOST_NODES or time.monotonic() >= deadline:
+            return
         if interrupt is not None and interrupt():
             raise KeyboardInterrupt("the run was stopped")
         time.sleep(0.5)

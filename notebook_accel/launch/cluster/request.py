@@ -88,7 +88,6 @@ class ClusterRequest:
         return [dict(bundle) for _ in range(self.workers // self.per_bundle)]
 
     def bundle_of(self, worker: int) -> int:
-        """The bundle worker number `worker` is placed in."""
         return worker // self.per_bundle
 
     def describe(self) -> str:

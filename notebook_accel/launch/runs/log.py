@@ -41,7 +41,6 @@ def segment_path(directory: Path, number: int) -> Path:
 
 
 def segments(directory: Path) -> list[int]:
-    """The numbers of the directory's segments, in order."""
     numbers = []
     for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
         with contextlib.suppress(ValueError):

@@ -77,7 +77,6 @@ class ClusterKeeper(Keeper):
     # -- what kernels call ---------------------------------------------------------
 
     def read(self, after: int) -> bytes:
-        """The records of the events after sequence number `after`."""
         with self.lock:
             return self.log.read(after)
 
