@@ -163,10 +163,6 @@ class RunDirectory:
         directory.write(record)
         return directory
 
-    @property
-    def id(self) -> str:
-        return self.path.name
-
     def read(self) -> RunRecord:
         """The record as last written (each write replaces the file whole)."""
         data = json.loads((self.path / RECORD_FILE).read_text())
@@ -240,10 +236,10 @@ def find_run(run_id: str | None = None) -> RunDirectory:
         )
     if run_id is None:
         return found[-1]
-    matching = [directory for directory in found if directory.id.startswith(run_id)]
+    matching = [directory for directory in found if directory.path.name.startswith(run_id)]
     if len(matching) == 1:
         return matching[0]
-    known = ", ".join(directory.id for directory in found[-5:])
+    known = ", ".join(directory.path.name for directory in found[-5:])
     if not matching:
         raise LookupError(f"no run {run_id!r}; the newest are: {known} (runs() lists them all)")
     raise LookupError(f"{run_id!r} names several runs; give more of the id. The newest: {known}")
