@@ -64,9 +64,9 @@ def runs_root() -> Path:
     return root
 
 
-def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:
-    """A file only its user may read (0600), whatever the umask."""
-    fd = os.open(path, flags, 0o600)
+def open_private(path: Path, append: bool = False) -> int:
+    """A file only its user may read (0600), whatever the umask: emptied, or appended to."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
     os.fchmod(fd, 0o600)
     return fd
 

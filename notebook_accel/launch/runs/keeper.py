@@ -46,8 +46,7 @@ class Keeper(RunObserver):
 
     def keep(self, started_at: float) -> None:
         """Run the launch to its end; its record and its log say how it ended."""
-        ended = RunEnded(RuntimeError("the keeper ended before the run did"))
-        status = "lost"
+        ended, status = RunEnded(RuntimeError("the keeper ended before the run did")), "lost"
         try:
             # Nothing launches from the keeper after the run: warming would only cost time.
             plan = dataclasses.replace(self.plan(), warm=False)

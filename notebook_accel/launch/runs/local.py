@@ -90,8 +90,7 @@ class LocalRun(DetachedRun):
         it could not start."""
         directory = RunDirectory.create(plan, resumed_from=resumed_from)
         directory.write_plan(plan)
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        with os.fdopen(open_private(directory.path / KEEPER_LOG, flags), "ab") as log:
+        with os.fdopen(open_private(directory.path / KEEPER_LOG, append=True), "ab") as log:
             keeper = "notebook_accel.launch.runs.keeper:keeper_main"
             pid = start_detached(keeper, [str(directory.path)], log, HANDOVER_SECONDS)
         if pid is None:

@@ -140,8 +140,7 @@ class EventLogWriter(EventLog):
         self._fd = self._open(self.number)
 
     def _open(self, number: int) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        return open_private(segment_path(self.directory, number), flags)
+        return open_private(segment_path(self.directory, number), append=True)
 
     def _written(self, record: bytes) -> None:
         os.write(self._fd, record)
