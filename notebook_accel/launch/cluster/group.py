@@ -85,11 +85,10 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
-        ray = self._ray
         first = self.pool.agents[0].open_store.remote(self.rendezvous_timeout)
         [port] = wait_for([first], AGENT_START_SECONDS, interrupt)
         master = self.pool.places[0].info.address
-        shipped = ray.put(self.spec.shipped)
+        shipped = self._ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
             worker = SupervisedWorker(
