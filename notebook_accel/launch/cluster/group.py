@@ -130,6 +130,7 @@ class RayWorkerGroup(WorkerGroupBase):
         self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
     ) -> None:
         ray = self._ray
+        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
         deadline = time.monotonic() + AGENT_START_SECONDS
         pending = list(starts)
         while pending and time.monotonic() < deadline:
@@ -137,8 +138,7 @@ class RayWorkerGroup(WorkerGroupBase):
                 raise KeyboardInterrupt("the run was stopped")
             ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
             for ref in ready:
-                failed = ray.exceptions.RayTaskError
-                if self._answer(ref, starts[ref], failed, "its agent could not start it"):
+                if self._answer(ref, starts[ref], failed, because) is not None:
                     self._relay(starts[ref])
         late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
         for ref in pending:
