@@ -1,14 +1,4 @@
-"""Workers on a Ray cluster, driven from one kernel.
-
-request.py   what a launch asks of the cluster, and whether the cluster can hold it
-connect.py   the ray package, the kernel's connection, what the cluster's nodes have
-plan.py      the checks before anything starts, and the request
-pool.py      the placement group and its agents, ranked by node, kept warm, released
-agent.py     the actor on each node that forks its rank's worker and relays its bytes
-group.py     the kernel's WorkerGroupBase for them (launch/attempt.py opens it)
-"""
-
-from __future__ import annotations
+"""Workers on a Ray cluster, driven from one kernel (its modules: docs/architecture.md)."""
 
 
 def release_cluster() -> bool:

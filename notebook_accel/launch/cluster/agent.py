@@ -13,18 +13,10 @@ The agent parses nothing its worker writes: output and channel bytes are
 relayed as they are, and the kernel turns them into lines and events
 (WorkerGroupBase) as it does for its own workers. Values of classes defined
 in the notebook exist only in the worker and the kernel, not in the agent.
-
-The kernel asks for what happened with `events()`, a call that returns as
-soon as there is something (or after a short while), and keeps one such call
-in flight per agent. Rank 0's agent also hosts the store the workers meet at
-(launch/rendezvous.py), as the kernel does on one machine. The other calls
-(stop, signal, what goes down the worker's link) run beside it: the actor takes
-several calls at once.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import ipaddress
 import os
@@ -74,7 +66,6 @@ class NodeAgent:
     # -- the node ----------------------------------------------------------------
 
     def describe(self) -> AgentInfo:
-        """This agent's node, address, process and GPUs."""
         import ray
 
         context = ray.get_runtime_context()
@@ -133,12 +124,9 @@ class NodeAgent:
                     group.poll_until(until=min(deadline, time.monotonic() + POLL_SLICE_SECONDS))
                     group.reap_unseen_exits()
                 if self._outbox or group.all_exited() or time.monotonic() >= deadline:
-                    relayed = list(self._outbox)
-                    self._outbox.clear()
-                    return relayed
+                    return self._take_outbox()
 
     def signal(self, signum: int) -> None:
-        """Send `signum` to the worker if it still runs."""
         with self._lock:
             group = self._group
             if group is not None and group.workers:
@@ -174,9 +162,7 @@ class NodeAgent:
         with self._lock:
             self._end_group()
             self._close_store()
-            relayed = list(self._outbox)
-            self._outbox.clear()
-            return relayed
+            return self._take_outbox()
 
     def warm(self, modules: list[tuple[str, str | None]]) -> list[str]:
         """Import here the safe modules a worker had to import itself (launch/warm.py),
@@ -191,6 +177,11 @@ class NodeAgent:
         return list(warming.modules)
 
     # -- plumbing ----------------------------------------------------------------
+
+    def _take_outbox(self) -> list[Any]:
+        relayed = list(self._outbox)
+        self._outbox.clear()  # the group appends to this list
+        return relayed
 
     def _end_group(self) -> None:
         group, self._group = self._group, None
@@ -226,17 +217,16 @@ class _RelayGroup(WorkerGroup):
 def _loopback_interfaces(environment: dict[str, str]) -> dict[str, str]:
     """When every worker meets on a loopback address (a cluster on one machine), the
     collectives' own connections stay on the loopback interface too."""
-    with contextlib.suppress(ValueError):
-        if not ipaddress.ip_address(environment.get("MASTER_ADDR", "")).is_loopback:
-            return {}
-        import psutil
+    if not _is_loopback(environment.get("MASTER_ADDR", "")):
+        return {}
+    import psutil
 
-        for name, addresses in psutil.net_if_addrs().items():
-            if any(_is_loopback(address.address) for address in addresses):
-                return {
-                    variable: os.environ.get(variable, name)
-                    for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-                }
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(_is_loopback(address.address) for address in addresses):
+            return {
+                variable: os.environ.get(variable, name)
+                for variable in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+            }
     return {}
 
 

@@ -122,31 +122,16 @@ def _connected_to(address: str | None, current: str, ray: Any) -> bool:
 
 def alive_nodes(excluding: set[str] | frozenset[str] = frozenset()) -> list[NodeResources]:
     """The cluster's live nodes and the CPUs and GPUs each has (in all, not free)."""
-    ray = require_ray()
-    nodes = []
-    for node in ray.nodes():
-        if not node.get("Alive") or node["NodeID"] in excluding:
-            continue
-        resources = node.get("Resources", {})
-        nodes.append(
-            NodeResources(
-                node_id=node["NodeID"],
-                address=node.get("NodeManagerAddress", "?"),
-                cpus=float(resources.get("CPU", 0.0)),
-                gpus=float(resources.get("GPU", 0.0)),
-            )
+    return [
+        NodeResources(
+            node_id=node["NodeID"],
+            address=node.get("NodeManagerAddress", "?"),
+            cpus=float(node.get("Resources", {}).get("CPU", 0.0)),
+            gpus=float(node.get("Resources", {}).get("GPU", 0.0)),
         )
-    return nodes
-
-
-def free_resources() -> str:
-    """ "free now: 1 CPU, 0 GPUs" """
-    ray = require_ray()
-    free = ray.available_resources()
-    cpus, gpus = free.get("CPU", 0.0), free.get("GPU", 0.0)
-    return (
-        f"free now: {cpus:g} CPU{'s' if cpus != 1 else ''}, {gpus:g} GPU{'s' if gpus != 1 else ''}"
-    )
+        for node in require_ray().nodes()
+        if node.get("Alive") and node["NodeID"] not in excluding
+    ]
 
 
 def _start_local(ray: Any) -> None:
@@ -176,7 +161,11 @@ def _start_local(ray: Any) -> None:
             )
             return
         except Exception as error:
-            _end_failed_start(ray, running_before)
+            # A head whose node never registered is not known to ray.shutdown(): its
+            # processes (this process's children) are ended by PID.
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            end_new_descendants(running_before)
             if attempt < LOCAL_START_ATTEMPTS and node_missed_registration(error):
                 continue  # a fresh start, the first one's processes all ended
             said = " ".join(line.strip() for line in str(error).splitlines()[:3] if line.strip())
@@ -202,7 +191,6 @@ def node_missed_registration(error: Exception) -> bool:
 
 
 def descendant_pids() -> set[int]:
-    """The PIDs of this process's descendants now."""
     import psutil
 
     return {child.pid for child in psutil.Process().children(recursive=True)}
@@ -212,17 +200,6 @@ def end_processes(pids: set[int], seconds: float = 5.0) -> None:
     """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
     others = processes.OtherProcess.of(pids)
     processes.end_processes(others, grace=seconds, reap=seconds, groups=False)
-
-
-def _end_failed_start(ray: Any, running_before: set[int]) -> None:
-    """Stop what a failed local start left running: a head whose node never registered
-    is not known to ray.shutdown(), so its processes (this process's children) are
-    ended by PID."""
-    try:
-        ray.shutdown()
-    except Exception:  # noqa: BLE001 - its processes are ended below either way
-        pass
-    end_new_descendants(running_before)
 
 
 def end_new_descendants(running_before: set[int]) -> None:
@@ -286,9 +263,7 @@ def _same(address: str, current: str) -> bool:
         current_host, current_port = _host_and_port(current)
     except ValueError:
         return address == current
-    if port != current_port:
-        return False
-    return _resolve(host) == _resolve(current_host)
+    return port == current_port and _resolve(host) == _resolve(current_host)
 
 
 def _resolve(host: str) -> str:

@@ -3,29 +3,13 @@
 A launch (or a live group) with `cluster="ray"` opens its attempt here
 instead of on this machine (launch/attempt.py); everything above the group
 (the launcher, restarts, the reporting events, the views and the panel, live
-calls) is the same code as for local workers.
-
-- Placing: a pool of agents, one per worker, in a placement group
-  (launch/cluster/pool.py), warm from an earlier run when it has the same
-  shape.
-- Starting: rank 0's agent binds the store on its node, then every agent
-  forks its worker with the rank's environment (MASTER_ADDR is rank 0's
-  node). The function and its arguments travel once, by value, through Ray's
-  object store.
-- Watching: each agent relays its worker's output and channel bytes and its
-  exit through Ray's own calls (one `events()` call in flight per agent,
-  answered as soon as there is something); they become lines and events here
-  exactly as a local worker's do. Nothing connects back to the kernel: only
-  the kernel reaches the cluster, so Ray Client (`ray://`) works too.
-- Losing: an agent that stops answering (its node left the cluster) is a
-  lost worker, named with its node and what became of it in our words (Ray's
-  error text about its actor stays out of the message); the others are
-  stopped as for any failure.
-- Stopping: every agent ends its worker (SIGTERM, then SIGKILL) and returns
-  its last output. The pool is then kept warm for the request's `keep_warm`
-  seconds (0 for live workers unless the user passed it: their close() frees
-  everything), or released at once when the run was stopped, timed out or
-  lost a node.
+calls) is the same code as for local workers. The workers' agents come from
+a pool (pool.py): rank 0's agent binds the store on its node, then every agent
+forks its worker with the rank's environment (MASTER_ADDR is rank 0's node).
+The function and its arguments travel once, by value, through Ray's object
+store. What the agents relay (agent.py) becomes lines and events here exactly
+as a local worker's output does. Nothing connects back to the kernel: only the
+kernel reaches the cluster, so Ray Client (`ray://`) works too.
 """
 
 from __future__ import annotations
@@ -33,13 +17,14 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import Any
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes
-from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
+from notebook_accel.launch.cluster.connect import connect, require_ray
 from notebook_accel.launch.cluster.pool import (
     AGENT_START_SECONDS,
+    WAIT_SLICE_SECONDS,
     Place,
     WorkerPool,
     node_lost,
@@ -64,8 +49,6 @@ from notebook_accel.reporting.events import ModulesImported, RunEvent, WorkerExi
 
 # How long one `events()` call may wait on its node for something to relay.
 RELAY_SECONDS = 0.5
-# The longest one wait here lasts before the deadline and stop signal are looked at.
-POLL_SLICE_SECONDS = 0.1
 # How long the agents get to stop their workers and send their last output.
 STOP_SECONDS = TERMINATE_GRACE_SECONDS + KILL_REAP_SECONDS + 2.0
 # How long a live call's other orders (close, connections) get.
@@ -95,34 +78,23 @@ class RayWorkerGroup(WorkerGroupBase):
         self._ray = require_ray()
         self._polls: dict[Any, SupervisedWorker] = {}
         self._pipes: dict[tuple[int, str], WorkerPipe] = {}
-        self._agents: dict[int, Any] = {}
-        # The modules each agent was told to import.
-        self._imported: dict[int, set[str]] = {}
+        self._imported: set[str] = set()  # the modules every agent was told to import
         self._stopped = False
-
-    @property
-    def lost_any(self) -> bool:
-        """Whether a worker's agent (its node, most often) stopped answering."""
-        return any(worker.lost for worker in self.workers)
 
     # -- starting --------------------------------------------------------------
 
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
-        ray = self._ray
-        first = self.pool.agents[0]
-        [port] = wait_for(
-            [first.open_store.remote(self.rendezvous_timeout)], AGENT_START_SECONDS, interrupt
-        )
+        first = self.pool.agents[0].open_store.remote(self.rendezvous_timeout)
+        [port] = wait_for([first], AGENT_START_SECONDS, interrupt)
         master = self.pool.places[0].info.address
-        shipped = ray.put(self.spec.shipped)
+        shipped = self._ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
             worker = SupervisedWorker(
                 place.rank, place.local_rank, process=place, where=place.where
             )
             self.workers.append(worker)
-            self._agents[place.rank] = agent
             for stream in STREAMS:
                 self._pipes[(place.rank, stream)] = WorkerPipe(worker, stream, reader=None)
             self._pipes[(place.rank, "channel")].reader = ChannelReader(place.rank)
@@ -158,28 +130,27 @@ class RayWorkerGroup(WorkerGroupBase):
         self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
     ) -> None:
         ray = self._ray
+        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
         deadline = time.monotonic() + AGENT_START_SECONDS
         pending = list(starts)
         while pending and time.monotonic() < deadline:
             if interrupt is not None and interrupt():
                 raise KeyboardInterrupt("the run was stopped")
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_SLICE_SECONDS)
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
             for ref in ready:
-                failed = ray.exceptions.RayTaskError
-                if self._answer(ref, starts[ref], failed, "its agent could not start it")[0]:
+                if self._answer(ref, starts[ref], failed, because) is not None:
                     self._relay(starts[ref])
+        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
         for ref in pending:
-            self._lose(
-                starts[ref], None, because=f"it did not start within {AGENT_START_SECONDS:.0f} s"
-            )
+            self._lose(starts[ref], None, because=late)
 
     # -- watching --------------------------------------------------------------
 
     def poll_until(self, until: float | None) -> None:
         ray = self._ray
-        now = time.monotonic()
-        wait = POLL_SLICE_SECONDS if until is None else min(POLL_SLICE_SECONDS, until - now)
-        wait = max(0.0, wait)
+        wait = WAIT_SLICE_SECONDS
+        if until is not None:
+            wait = max(0.0, min(wait, until - time.monotonic()))
         if not self._polls:
             time.sleep(wait)
             return
@@ -189,29 +160,27 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            answered, relayed = self._answer(
-                ref, worker, ray.exceptions.RayError, "its agent failed"
-            )
-            if answered:
+            relayed = self._answer(ref, worker, ray.exceptions.RayError, "its agent failed")
+            if relayed is not None:
                 self._deliver(worker, relayed)
                 if not worker.ended:
                     self._relay(worker)
 
     def _answer(
         self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
-    ) -> tuple[bool, Any]:
-        """(True, what `worker`'s agent answered to the call `ref`), or (False, None) with
-        the worker lost: its agent is gone, or the call raised `failed` (`because` says)."""
+    ) -> Any:
+        """What `worker`'s agent answered to the call `ref`, or None with the worker lost:
+        its agent is gone, or the call raised `failed` (`because` says)."""
         try:
-            return True, self._ray.get(ref)
+            return self._ray.get(ref)
         except self._ray.exceptions.RayActorError as error:
             self._lose(worker, error)
         except failed as error:
             self._lose(worker, error, because=because)
-        return False, None
+        return None
 
     def _relay(self, worker: SupervisedWorker) -> None:
-        self._polls[self._agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
+        self._polls[self.pool.agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
     def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
         for item in relayed:
@@ -235,11 +204,10 @@ class RayWorkerGroup(WorkerGroupBase):
         train (as the kernel does for its own workers: launch/warm.py), so that the next
         launch's workers start with it. A worker of each node reports at its milestones;
         its peers import the same, so every agent is told."""
-        for rank, agent in self._agents.items():
-            sent = self._imported.setdefault(rank, set())
-            new = [module for module in modules if module[0] not in sent]
-            if new:
-                sent.update(name for name, _ in new)
+        new = [module for module in modules if module[0] not in self._imported]
+        if new:
+            self._imported.update(name for name, _ in new)
+            for agent in self.pool.agents:
                 agent.warm.remote(new)
 
     def _flush(self, worker: SupervisedWorker) -> None:
@@ -255,13 +223,11 @@ class RayWorkerGroup(WorkerGroupBase):
         actor's calls ("Connection reset by peer ... may or may not have been executed")."""
         if worker.ended:
             return
-        place: Place = worker.process
         if because:
             detail = _first_line(error)
             lost = f"{because} ({detail})" if detail else because
         else:
-            lost = _node_lost(place.info.node_id)
-            node_lost(place.info.node_id)
+            lost = node_lost(worker.process.info.node_id)  # a Place
         self._flush(worker)
         self.exited(worker, None, lost=lost)
 
@@ -277,16 +243,16 @@ class RayWorkerGroup(WorkerGroupBase):
     # -- live workers ------------------------------------------------------------
 
     def signal(self, rank: int, signum: int) -> None:
-        worker = self._worker(rank)
-        if worker is not None and not worker.ended:
-            self._agents[rank].signal.remote(signum)
+        for worker in self.workers:
+            if worker.rank == rank and not worker.ended:
+                self.pool.agents[rank].signal.remote(signum)
 
     def send(self, rank: int, data: bytes, deadline: float) -> None:
         ray = self._ray
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise TimeoutError("the worker did not read what was sent down its link")
-        ref = self._agents[rank].send.remote(data, remaining)
+        ref = self.pool.agents[rank].send.remote(data, remaining)
         try:
             ray.get(ref, timeout=remaining + ORDER_SECONDS)
         except ray.exceptions.GetTimeoutError:
@@ -299,19 +265,17 @@ class RayWorkerGroup(WorkerGroupBase):
             raise OSError(_first_line(error)) from None
 
     def end_calls(self) -> None:
-        refs = [self._agents[w.rank].end_calls.remote() for w in self.workers if not w.lost]
+        refs = [self.pool.agents[w.rank].end_calls.remote() for w in self.workers if not w.lost]
         self._ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
 
     def connection_addresses(self) -> list[tuple[str, int]]:
         ray = self._ray
-        refs = [self._agents[w.rank].connections.remote() for w in self.workers if not w.lost]
+        refs = [self.pool.agents[w.rank].connections.remote() for w in self.workers if not w.lost]
         ready, _ = ray.wait(refs, num_returns=len(refs), timeout=ORDER_SECONDS)
         found: set[tuple[str, int]] = set()
         for ref in ready:
-            try:
+            with suppress(ray.exceptions.RayError):
                 found.update(tuple(address) for address in ray.get(ref))
-            except ray.exceptions.RayError:
-                continue
         return sorted(found)
 
     # -- stopping --------------------------------------------------------------
@@ -323,29 +287,19 @@ class RayWorkerGroup(WorkerGroupBase):
                 return
             self._stopped = True
             ray = self._ray
-            stops = {self._agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
+            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
             ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
             for ref in ready:
-                worker = stops[ref]
-                try:
-                    self._deliver(worker, ray.get(ref))
-                except ray.exceptions.RayActorError as error:
-                    self._lose(worker, error)
-                except ray.exceptions.RayError as error:
-                    self._lose(worker, error, because="its agent failed")
+                relayed = self._answer(ref, stops[ref], ray.exceptions.RayError, "its agent failed")
+                if relayed is not None:
+                    self._deliver(stops[ref], relayed)
+            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
             for ref in unready:
-                self._lose(
-                    stops[ref],
-                    None,
-                    because=f"its agent did not stop it within {STOP_SECONDS:.0f} s",
-                )
+                self._lose(stops[ref], None, because=late)
             for worker in self.workers:
                 if not worker.ended:
                     self._flush(worker)
             self._polls.clear()
-
-    def _worker(self, rank: int) -> SupervisedWorker | None:
-        return next((worker for worker in self.workers if worker.rank == rank), None)
 
 
 @contextmanager
@@ -375,7 +329,7 @@ def open_cluster_group(
         raise
     finally:
         group.stop()
-        return_pool(pool, keep and not group.lost_any)
+        return_pool(pool, keep and not any(worker.lost for worker in group.workers))
 
 
 def import_what_a_run_uses() -> None:
@@ -385,15 +339,6 @@ def import_what_a_run_uses() -> None:
     require_ray()
     import ray.util.placement_group  # noqa: F401
     import ray.util.scheduling_strategies  # noqa: F401
-
-
-def _node_lost(node_id: str) -> str:
-    """Why a worker whose agent stopped answering was lost (what the docs quote): Ray
-    marks a node dead only after it missed its health checks for some seconds, so
-    until then the kernel cannot tell a node gone from a network down."""
-    if node_id not in {node.node_id for node in alive_nodes()}:
-        return "its node left the cluster"
-    return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
 def _first_line(error: BaseException | None) -> str:

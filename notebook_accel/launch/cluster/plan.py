@@ -1,11 +1,7 @@
 """The checks a launch on a Ray cluster makes before anything starts, and its request.
 
-In this order, each with an error that says what to do (the options of one
-machine alone were refused before, launch/options.py): the backend and the
-placement asked for, Ray installed, the function and its arguments able to
-travel to the nodes, the cluster reachable (a cluster of this machine alone
-is started when none is named), and the cluster big enough for what was
-asked (Ray would wait forever for a placement group it cannot hold).
+Each error says what to do; the options of one machine alone were refused
+before (launch/options.py).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from notebook_accel.launch.cluster.connect import alive_nodes, connect, require_ray
-from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, unmet
+from notebook_accel.launch.cluster.request import ClusterRequest, NodeResources, amount, unmet
 from notebook_accel.launch.errors import PlacementError
 from notebook_accel.launch.packing import pack_for_cluster
 from notebook_accel.platforms.base import Platform
@@ -27,7 +23,16 @@ def place_on_cluster(
     """The platform the workers run on and what to ask of the cluster, or an error."""
     _refuse_options_for_this_machine(values)
     require_ray()
-    shipped = _packed(function, args, kwargs)
+    try:
+        shipped = pack_for_cluster(function, args, kwargs)
+    except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
+        raise TypeError(
+            "the function and its arguments must travel to the cluster's nodes, but they "
+            f"cannot be pickled ({type(error).__name__}: {error}). Pass plain data "
+            "(tensors, numbers, strings, models) and define what the function uses in the "
+            "notebook or in installed packages; open files, locks and connections cannot "
+            "travel."
+        ) from None
     connect(values["ray_address"])
     nodes = alive_nodes()
     platform = _platform(values["backend"], nodes)
@@ -48,6 +53,15 @@ def place_on_cluster(
         keep_warm=values["keep_warm"],
         shipped=shipped,
     )
+    check_room(request, nodes)
+    if platform.name == "cpu":  # a GPU's precisions are checked where it is
+        hardware = Hardware(cpu_cores=int(sum(node.cpus for node in nodes)))
+        platform.check_precision(values["mixed_precision"], hardware)
+    return platform, request
+
+
+def check_room(request: ClusterRequest, nodes: list[NodeResources]) -> None:
+    """PlacementError when the cluster's `nodes` can never hold `request`."""
     why = unmet(request, nodes)
     if why:
         raise PlacementError(
@@ -55,10 +69,6 @@ def place_on_cluster(
             "workers (num_processes), fewer CPUs each (cpus_per_worker), another "
             "placement_strategy, or add nodes."
         )
-    if platform.name == "cpu":  # a GPU's precisions are checked where it is
-        hardware = Hardware(cpu_cores=int(sum(node.cpus for node in nodes)))
-        platform.check_precision(values["mixed_precision"], hardware)
-    return platform, request
 
 
 def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
@@ -76,27 +86,13 @@ def _refuse_options_for_this_machine(values: dict[str, Any]) -> None:
         )
 
 
-def _packed(function: Any, args: tuple, kwargs: dict) -> bytes:
-    try:
-        return pack_for_cluster(function, args, kwargs)
-    except Exception as error:  # noqa: BLE001 - whatever pickling raises, say it plainly
-        raise TypeError(
-            "the function and its arguments must travel to the cluster's nodes, but they "
-            f"cannot be pickled ({type(error).__name__}: {error}). Pass plain data "
-            "(tensors, numbers, strings, models) and define what the function uses in the "
-            "notebook or in installed packages; open files, locks and connections cannot "
-            "travel."
-        ) from None
-
-
 def _platform(backend: str | None, nodes: list[NodeResources]) -> Platform:
     gpus = sum(node.gpus for node in nodes)
     name = backend or ("cuda" if gpus else "cpu")
     if name == "cuda" and not gpus:
         raise PlacementError(
-            f"backend='cuda' needs GPUs, but the cluster has none ({len(nodes)} "
-            f"node{'s' if len(nodes) != 1 else ''}, CPUs only). Use backend='cpu', or add "
-            "GPU nodes. Nothing was started."
+            f"backend='cuda' needs GPUs, but the cluster has none ({amount(len(nodes), 'node')}, "
+            "CPUs only). Use backend='cpu', or add GPU nodes. Nothing was started."
         )
     return platform_named(name)
 

@@ -1,20 +1,16 @@
 """The agents of a launch on a Ray cluster: placed, ranked, kept warm, released.
 
-A pool is one placement group holding what the launch asked for (a bundle
-per worker, or per node with `workers_per_node`) and one agent per worker
-in it (launch/cluster/agent.py). Ranks follow the nodes: the workers of the
-node that holds bundle 0 come first, each node's ranks are consecutive, so
-LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
+A pool is one placement group holding what the launch asked for and one agent
+per worker in it (launch/cluster/agent.py). Ranks follow the nodes: the workers
+of the node that holds bundle 0 come first, each node's ranks are consecutive,
+so LOCAL_RANK and LOCAL_WORLD_SIZE mean on a cluster what they mean on one machine.
 
-After a run the pool stays up for `keep_warm` seconds, so the next launch
-with the same shape reuses its agents (their processes, their imports) and
-starts in a fraction of a second. Live workers' `close()` releases theirs at
-once, unless `start_workers` was given `keep_warm` (live/start.py). A run
-that was stopped, timed out or lost a node releases its pool at once: every
-agent is killed and the placement group removed, which frees its GPUs and
-CPUs for the cluster's other work.
-The pool belongs to this kernel's Ray job, so Ray removes it if the kernel
-dies; `release_cluster()` frees a warm pool earlier.
+After a run the pool stays up for `keep_warm` seconds, so the next launch with
+the same shape reuses its agents (their processes, their imports) and starts in
+a fraction of a second (live workers' `close()` releases theirs at once, unless
+`start_workers` was given `keep_warm`). Releasing kills every agent and removes
+the placement group, which frees its GPUs and CPUs for the cluster's other work.
+The pool belongs to this kernel's Ray job, so Ray removes it if the kernel dies.
 """
 
 from __future__ import annotations
@@ -28,8 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.launch.cluster.agent import MAX_CONCURRENT_CALLS, AgentInfo, NodeAgent
-from notebook_accel.launch.cluster.connect import alive_nodes, free_resources, require_ray
-from notebook_accel.launch.cluster.request import ClusterRequest, unmet
+from notebook_accel.launch.cluster.connect import alive_nodes, require_ray
+from notebook_accel.launch.cluster.plan import check_room
+from notebook_accel.launch.cluster.request import ClusterRequest, amount
 from notebook_accel.launch.errors import PlacementError
 
 # How long the cluster gets to find room for the placement group, when it has the room
@@ -47,7 +44,7 @@ PING_SECONDS = 5.0
 # After a node was lost, how long to wait for the cluster to see it gone before placing
 # the workers again (until then Ray may still offer it).
 NODE_GONE_SECONDS = 30.0
-# The longest one wait lasts before the stop signal is looked at again.
+# The longest one wait lasts before the deadline and the stop signal are looked at again.
 WAIT_SLICE_SECONDS = 0.1
 
 
@@ -81,13 +78,7 @@ class WorkerPool:
         self.places, order = _places(infos)
         self.agents = [agents[index] for index in order]
         self._released = False
-        # Looked up now, on the launching thread: the keep-warm timer's thread releases
-        # the pool with them and imports nothing.
-        self._kill, self._remove = _releasers()
-
-    @property
-    def nodes(self) -> int:
-        return len({place.info.node_id for place in self.places})
+        self._release = _releaser()  # made here: the keep-warm timer's thread imports nothing
 
     def answers(self) -> bool:
         """Whether every agent is up and answering (a warm pool is checked before use)."""
@@ -103,7 +94,7 @@ class WorkerPool:
         if self._released:
             return
         self._released = True
-        _release_parts(self.placement_group, self.agents, self._kill, self._remove)
+        self._release(self.placement_group, self.agents)
 
 
 def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
@@ -114,9 +105,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     _wait_until_lost_nodes_are_gone(interrupt)
-    why = unmet(request, alive_nodes(excluding=_LOST_NODES))
-    if why:
-        raise PlacementError(f"The cluster cannot run this launch: {why}. {_FEWER}")
+    check_room(request, alive_nodes(excluding=_LOST_NODES))
     group = placement_group(
         request.bundles(),
         strategy=request.placement_strategy,
@@ -127,11 +116,13 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         try:
             wait_for([group.ready()], PLACEMENT_SECONDS, interrupt)
         except TimeoutError:
+            free = ray.available_resources()
             raise PlacementError(
                 f"The cluster has room for {request.describe()} in all, but found none "
-                f"within {PLACEMENT_SECONDS:.0f} s: other work holds part of it now "
-                f"({free_resources()}; live workers of this kernel hold theirs until "
-                "closed). Nothing was started; try again once it is free, or ask for fewer."
+                f"within {PLACEMENT_SECONDS:.0f} s: other work holds part of it now (free "
+                f"now: {amount(free.get('CPU', 0), 'CPU')}, {amount(free.get('GPU', 0), 'GPU')}; "
+                "live workers of this kernel hold theirs until closed). Nothing was started; "
+                "try again once it is free, or ask for fewer."
             ) from None
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
@@ -160,9 +151,16 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                 f"the nodes Ray chose ({sorted(set(placed.values()))}); nothing was started."
             ) from None
         except ray.exceptions.RayActorError as error:
-            raise PlacementError(_agent_failed(error)) from None
+            text = str(error)
+            lines = reversed(text.splitlines())
+            detail = next((line.strip() for line in lines if "Error" in line), text[:300])
+            raise PlacementError(
+                f"the workers' agents could not start on the cluster ({detail}). Every node "
+                "needs notebook_accel installed, with the torch this kernel uses (pip install "
+                "notebook_accel on each node, or in the cluster's image); nothing was started."
+            ) from None
     except BaseException:
-        _release_parts(group, agents)
+        _releaser()(group, agents)
         raise
     return WorkerPool(request, group, agents, infos)
 
@@ -227,16 +225,21 @@ def return_pool(pool: WorkerPool, keep: bool) -> None:
 def release_idle() -> bool:
     """Release the warm pool now, if there is one; say whether there was."""
     idle = _take_idle()
-    if idle is None:
-        return False
-    idle.release()
-    return True
+    if idle is not None:
+        idle.release()
+    return idle is not None
 
 
-def node_lost(node_id: str) -> None:
-    """A run lost `node_id`: place later runs elsewhere until Ray sees it gone."""
+def node_lost(node_id: str) -> str:
+    """A run lost `node_id`: place later runs elsewhere until Ray sees it gone. Returns
+    why the worker there was lost (what the docs quote): Ray marks a node dead only after
+    it missed its health checks for some seconds, so until then the kernel cannot tell a
+    node gone from a network down."""
     with _LOCK:
         _LOST_NODES.add(node_id)
+    if node_id not in {node.node_id for node in alive_nodes()}:
+        return "its node left the cluster"
+    return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
 def _take_idle() -> WorkerPool | None:
@@ -266,15 +269,12 @@ def _release_if_idle(pool: WorkerPool) -> None:
 
 def _wait_until_lost_nodes_are_gone(interrupt: Callable[[], bool] | None) -> None:
     deadline = time.monotonic() + NODE_GONE_SECONDS
-    while True:
-        with _LOCK:
-            if not _LOST_NODES:
-                return
+    while _LOST_NODES:  # a set's truth is read at once: no lock
         alive = {node.node_id for node in alive_nodes()}
         with _LOCK:
             _LOST_NODES.intersection_update(alive)
-            if not _LOST_NODES or time.monotonic() >= deadline:
-                return
+        if not _LOST_NODES or time.monotonic() >= deadline:
+            return
         if interrupt is not None and interrupt():
             raise KeyboardInterrupt("the run was stopped")
         time.sleep(0.5)
@@ -282,18 +282,10 @@ def _wait_until_lost_nodes_are_gone(interrupt: Callable[[], bool] | None) -> Non
 
 # -- plumbing ------------------------------------------------------------------------
 
-_FEWER = (
-    "Nothing was started. Ask for fewer workers (num_processes), fewer CPUs each "
-    "(cpus_per_worker), another placement_strategy, or add nodes."
-)
-
 
 def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
     """Each rank's place, and which agent (by creation order) runs each rank."""
-    nodes: list[str] = []
-    for info in infos:
-        if info.node_id not in nodes:
-            nodes.append(info.node_id)
+    nodes = list(dict.fromkeys(info.node_id for info in infos))
     order = sorted(range(len(infos)), key=lambda i: (nodes.index(infos[i].node_id), i))
     places: list[Place] = []
     for rank, index in enumerate(order):
@@ -315,36 +307,17 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
     return places, order
 
 
-def _agent_failed(error: BaseException) -> str:
-    text = str(error)
-    detail = next(
-        (line.strip() for line in reversed(text.splitlines()) if "Error" in line), text[:300]
-    )
-    return (
-        f"the workers' agents could not start on the cluster ({detail}). Every node needs "
-        "notebook_accel installed, with the torch this kernel uses (pip install "
-        "notebook_accel on each node, or in the cluster's image); nothing was started."
-    )
-
-
-def _releasers() -> tuple[Callable[..., Any], Callable[..., Any]]:
+def _releaser() -> Callable[[Any, list[Any]], None]:
+    """What kills agents and removes their placement group (a part already gone is fine),
+    with Ray's functions looked up now."""
     ray = require_ray()
     from ray.util.placement_group import remove_placement_group
 
-    return ray.kill, remove_placement_group
+    def release(group: Any, agents: list[Any]) -> None:
+        for agent in agents:
+            with contextlib.suppress(Exception):  # a lost node's agent is gone already
+                ray.kill(agent, no_restart=True)
+        with contextlib.suppress(Exception):
+            remove_placement_group(group)
 
-
-def _release_parts(
-    group: Any,
-    agents: list[Any],
-    kill: Callable[..., Any] | None = None,
-    remove: Callable[..., Any] | None = None,
-) -> None:
-    """Kill the agents and remove the placement group; a part already gone is fine."""
-    if kill is None or remove is None:
-        kill, remove = _releasers()
-    for agent in agents:
-        with contextlib.suppress(Exception):  # a lost node's agent is gone already
-            kill(agent, no_restart=True)
-    with contextlib.suppress(Exception):
-        remove(group)
+    return release

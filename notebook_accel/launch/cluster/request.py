@@ -88,14 +88,13 @@ class ClusterRequest:
         return [dict(bundle) for _ in range(self.workers // self.per_bundle)]
 
     def bundle_of(self, worker: int) -> int:
-        """The bundle worker number `worker` is placed in."""
         return worker // self.per_bundle
 
     def describe(self) -> str:
         """ "2 workers of 1 CPU each, packed onto as few nodes as possible" """
-        each = f"{_amount(self.cpus_per_worker, 'CPU')}"
+        each = amount(self.cpus_per_worker, "CPU")
         if self.gpus_per_worker:
-            each = f"{_amount(self.gpus_per_worker, 'GPU')} and {each}"
+            each = f"{amount(self.gpus_per_worker, 'GPU')} and {each}"
         where = {
             "PACK": "packed onto as few nodes as possible",
             "SPREAD": "spread over as many nodes as possible",
@@ -106,24 +105,17 @@ class ClusterRequest:
             where = (
                 f"{self.workers_per_node} on each of {self.workers // self.workers_per_node} nodes"
             )
-        return f"{self.workers} worker{'s' if self.workers != 1 else ''} of {each} each, {where}"
+        return f"{amount(self.workers, 'worker')} of {each} each, {where}"
 
 
 def unmet(request: ClusterRequest, nodes: list[NodeResources]) -> str | None:
     """Why the cluster's nodes can never hold `request`, or None when they can
     (even if other work holds part of them now)."""
-    bundle = request.bundles()[0]
-    cpus, gpus = bundle.get("CPU", 0.0), bundle.get("GPU", 0.0)
-    slots = [node.slots(cpus, gpus) for node in nodes]
-    wanted = len(request.bundles())
-    strategy = request.placement_strategy
-    if strategy == "STRICT_PACK":
-        enough = max(slots, default=0) >= wanted
-    elif strategy == "STRICT_SPREAD":
-        enough = sum(1 for room in slots if room >= 1) >= wanted
-    else:
-        enough = sum(slots) >= wanted
-    if enough:
+    bundles = request.bundles()
+    slots = [node.slots(bundles[0].get("CPU", 0.0), bundles[0].get("GPU", 0.0)) for node in nodes]
+    # How many bundles the nodes hold: STRICT_PACK on one node, STRICT_SPREAD one a node.
+    strict = {"STRICT_PACK": max(slots, default=0), "STRICT_SPREAD": sum(n >= 1 for n in slots)}
+    if strict.get(request.placement_strategy, sum(slots)) >= len(bundles):
         return None
     return f"it asks for {request.describe()}, but {_what_there_is(nodes, request)}"
 
@@ -132,15 +124,15 @@ def _what_there_is(nodes: list[NodeResources], request: ClusterRequest) -> str:
     if not nodes:
         return "the cluster has no live node"
     unit = "GPU" if request.gpus_per_worker else "CPU"
-    total = sum(node.gpus if unit == "GPU" else node.cpus for node in nodes)
+    have = [node.gpus if request.gpus_per_worker else node.cpus for node in nodes]
     listed = ", ".join(
-        f"{node.describe()} {_amount(node.gpus if unit == 'GPU' else node.cpus, unit)}"
-        for node in nodes
+        f"{node.describe()} {amount(each, unit)}" for node, each in zip(nodes, have, strict=True)
     )
-    count = f"{len(nodes)} node{'s' if len(nodes) != 1 else ''}"
-    return f"the cluster has {_amount(total, unit)} in all, on {count}: {listed}"
+    total = f"{amount(sum(have), unit)} in all, on {amount(len(nodes), 'node')}"
+    return f"the cluster has {total}: {listed}"
 
 
-def _amount(value: float, unit: str) -> str:
+def amount(value: float, unit: str) -> str:
+    """ "1 GPU", "2 CPUs", "0.5 CPUs" """
     number = int(value) if float(value).is_integer() else round(value, 2)
     return f"{number} {unit}{'s' if number != 1 else ''}"

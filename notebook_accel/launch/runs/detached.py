@@ -3,11 +3,7 @@
 `DetachedRun` replays the events its keeper logged into a report of its own,
 the same `RunReport` a launch fills, then follows them as the keeper goes on.
 Any kernel of the user can do this, any number of times: the run does not
-know who watches. The run's outcome is the launch's: the main worker's value,
-or the `WorkerError` (with the rank's traceback), a `TimeoutError`, or
-`KeyboardInterrupt` for a run that was stopped; a run whose keeper died before
-the end raises `RunLostError`. One subclass per place a keeper runs: local.py
-(a process of this machine), on_cluster.py (a detached actor of a Ray cluster).
+know who watches.
 """
 
 from __future__ import annotations
@@ -60,11 +56,10 @@ class DetachedRun:
     date while someone follows the run (`wait`, `result`, or the view shown
     under the cell that started or attached it). `result()` waits for the end
     and returns the main worker's value (every worker's with `return_all`) or
-    raises the run's error; `stop()` stops it, from any kernel.
-
-    One subclass per place a keeper runs: `LocalRun` (a process of this
-    machine, its run directory) and `ClusterRun` (a detached actor of a Ray
-    cluster, runs/on_cluster.py).
+    raises the run's error: the `WorkerError` (with the rank's traceback), a
+    `TimeoutError`, `KeyboardInterrupt` for a run that was stopped, or
+    `RunLostError` for one whose keeper died before the end. `stop()` stops
+    it, from any kernel.
     """
 
     def __init__(self, record: RunRecord) -> None:
@@ -99,14 +94,15 @@ class DetachedRun:
     def __repr__(self) -> str:
         return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
 
-    # -- what each place of keepers provides -------------------------------------
+    # -- what each place of keepers provides (local.py, on_cluster.py) ------------
 
     def read_new(self) -> list[tuple[int, Any]]:
         """The events the keeper logged since the last call."""
         raise NotImplementedError
 
     def keeper_gone(self) -> bool:
-        """Whether the keeper no longer runs (it can log nothing more)."""
+        """Whether the keeper no longer runs (it can log nothing more); brings `record`
+        up to date while it does."""
         raise NotImplementedError
 
     def on_lost(self) -> str:
@@ -115,7 +111,7 @@ class DetachedRun:
 
     def state_now(self) -> str:
         """The state the keeper's record says now (the run has not ended here)."""
-        raise NotImplementedError
+        return "lost" if self.keeper_gone() else self.record.state
 
     def ask_to_stop(self) -> bool:
         """Tell the keeper to stop the run; False if it is gone already."""
@@ -129,9 +125,7 @@ class DetachedRun:
     def poll(self) -> bool:
         """Take in what the run did since the last call; True once it has ended."""
         with self._lock:
-            if self._ended.is_set():
-                return True
-            if self._take_new():
+            if self._ended.is_set() or self._take_new():
                 return True
             now = time.monotonic()
             if now - self._keeper_checked < KEEPER_CHECK_SECONDS:
@@ -174,13 +168,12 @@ class DetachedRun:
             raise TimeoutError(f"run {self.id} is still {self.state} after {timeout} s")
         if self.report.error is not None:
             raise self.report.error
-        record = self.record
-        if record.return_all:
-            first = record.main_rank
+        first, results = self.record.main_rank, self.report.results
+        if self.record.return_all:
             return [
-                self.report.results.get(r) for r in range(first, first + record.local_world_size)
+                results.get(rank) for rank in range(first, first + self.record.local_world_size)
             ]
-        return self.report.results.get(record.main_rank)
+        return results.get(first)
 
     def add_observer(self, observer: RunObserver) -> None:
         """Hand `observer` every event from now on, as whoever follows the run reads it
@@ -201,14 +194,12 @@ class DetachedRun:
     def output(self, rank: int | None = None) -> str:
         """The output so far of `rank` (every rank's when None), as lines of text."""
         self.poll()
-        main = self.report.main_rank
-
-        def shown(line: Any) -> str:
-            if rank is None and line.rank is not None:
-                return rank_prefix(line.rank, main) + line.text
-            return line.text
-
-        return "\n".join(shown(line) for line in self.report.output(rank=rank))
+        return "\n".join(
+            line.text
+            if rank is not None or line.rank is None
+            else rank_prefix(line.rank, self.report.main_rank) + line.text
+            for line in self.report.output(rank=rank)
+        )
 
     # -- stopping --------------------------------------------------------------
 

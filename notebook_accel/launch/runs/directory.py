@@ -15,13 +15,17 @@ import contextlib
 import dataclasses
 import json
 import os
+import pickle
 import secrets
 import stat
 import time
 from pathlib import Path
 from typing import Any
 
+import cloudpickle
 import psutil
+
+from notebook_accel.launch.packing import pack, unpack
 
 # The prefix of a run on a Ray cluster's id (runs/on_cluster.py), whose keeper is not here.
 CLUSTER_ID_PREFIX = "ray-"
@@ -49,24 +53,20 @@ def runs_root() -> Path:
         state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
         root = Path(state) / "notebook_accel" / "runs"
     root.mkdir(parents=True, exist_ok=True, mode=0o700)
-    _make_private(root)
-    return root
-
-
-def _make_private(path: Path) -> None:
-    info = path.stat()
+    info = root.stat()
     if info.st_uid != os.getuid():
         raise PermissionError(
-            f"{path} belongs to another user; detached runs must be private. Set "
+            f"{root} belongs to another user; detached runs must be private. Set "
             f"${ENV_RUNS_DIR} to a directory of your own."
         )
     if stat.S_IMODE(info.st_mode) & 0o077:
-        path.chmod(0o700)
+        root.chmod(0o700)
+    return root
 
 
-def open_private(path: Path, flags: int = os.O_WRONLY | os.O_CREAT | os.O_TRUNC) -> int:
-    """A file only its user may read (0600), whatever the umask."""
-    fd = os.open(path, flags, 0o600)
+def open_private(path: Path, append: bool = False) -> int:
+    """A file only its user may read (0600), whatever the umask: emptied, or appended to."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else os.O_TRUNC), 0o600)
     os.fchmod(fd, 0o600)
     return fd
 
@@ -76,9 +76,21 @@ def write_private(path: Path, data: bytes) -> None:
         file.write(data)
 
 
-def new_run_id() -> str:
-    """A run's id: when it started, and six hex digits that tell two of a second apart."""
-    return time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
+def plan_bytes(plan: Any) -> bytes:
+    """The launch, as a keeper will run it: the function and its arguments by value (a
+    notebook cell's function works, as in fresh workers), the options as checked."""
+    shipped = pack(plan.function, plan.args, plan.kwargs)
+    options = dataclasses.replace(plan, function=None, args=(), kwargs={})
+    return pickle.dumps((cloudpickle.dumps(options, protocol=5), shipped))
+
+
+def plan_from_bytes(data: bytes) -> Any:
+    """The plan `plan_bytes` packed, its function and arguments unpacked."""
+    options, shipped = pickle.loads(data)
+    function, args, kwargs = unpack(shipped)
+    return dataclasses.replace(
+        cloudpickle.loads(options), function=function, args=args, kwargs=kwargs
+    )
 
 
 @dataclasses.dataclass
@@ -114,9 +126,11 @@ class RunRecord:
         return self.state in ENDED_STATES
 
     @classmethod
-    def of_plan(cls, run_id: str, plan: Any, **fields: Any) -> RunRecord:
-        """The first record of a run of the checked launch `plan`; `fields` are what
-        differs from what the plan says (where the keeper runs, the run it resumes)."""
+    def of_plan(cls, plan: Any, prefix: str = "", **fields: Any) -> RunRecord:
+        """The first record of a new run of the checked launch `plan`, its id `prefix`,
+        when it started and six hex digits that tell two of a second apart; `fields` are
+        what differs from what the plan says (where the keeper runs, the run it resumes)."""
+        run_id = prefix + time.strftime("%Y%m%d-%H%M%S-") + secrets.token_hex(3)
         shape = {"main_rank": plan.node_rank * plan.local_world_size}
         shape.update(local_world_size=plan.local_world_size, start_method=plan.start_method)
         return cls(
@@ -143,15 +157,11 @@ class RunDirectory:
     def create(cls, plan: Any, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with the first record of a
         run of `plan` (`RunRecord.of_plan`)."""
-        run_id = new_run_id()
-        directory = cls(runs_root() / run_id)
+        record = RunRecord.of_plan(plan, **fields)
+        directory = cls(runs_root() / record.id)
         directory.path.mkdir(mode=0o700)
-        directory.write(RunRecord.of_plan(run_id, plan, **fields))
+        directory.write(record)
         return directory
-
-    @property
-    def id(self) -> str:
-        return self.path.name
 
     def read(self) -> RunRecord:
         """The record as last written (each write replaces the file whole)."""
@@ -163,6 +173,13 @@ class RunDirectory:
         partial = self.path / f".{RECORD_FILE}.{os.getpid()}"
         write_private(partial, json.dumps(dataclasses.asdict(record), indent=1).encode())
         os.replace(partial, self.path / RECORD_FILE)
+
+    def write_plan(self, plan: Any) -> None:
+        """The launch (`plan_bytes`), for its keeper and `resume`."""
+        write_private(self.path / PLAN_FILE, plan_bytes(plan))
+
+    def read_plan(self) -> Any:
+        return plan_from_bytes((self.path / PLAN_FILE).read_bytes())
 
     def update(self, **changes: Any) -> RunRecord:
         """Change fields of the record (only one process writes it at a time: the
@@ -184,12 +201,13 @@ class RunDirectory:
             return None
         return process if same and alive else None
 
-    def state(self) -> str:
-        """The run's state, "lost" for a run whose keeper is gone before its end."""
-        record = self.read()
-        if record.ended_state or record.keeper_pid is None:
+    def state(self, record: RunRecord | None = None) -> str:
+        """The run's state (as `record`, read now if None, says), "lost" for a run whose
+        keeper is gone before its end."""
+        record = record or self.read()
+        if record.ended_state or record.keeper_pid is None or self.keeper(record) is not None:
             return record.state
-        return record.state if self.keeper(record) is not None else "lost"
+        return "lost"
 
     def keeper_log_tail(self, lines: int = 20) -> str:
         """The last lines the keeper process wrote (its own errors)."""
@@ -218,10 +236,10 @@ def find_run(run_id: str | None = None) -> RunDirectory:
         )
     if run_id is None:
         return found[-1]
-    matching = [directory for directory in found if directory.id.startswith(run_id)]
+    matching = [directory for directory in found if directory.path.name.startswith(run_id)]
     if len(matching) == 1:
         return matching[0]
-    known = ", ".join(directory.id for directory in found[-5:])
+    known = ", ".join(directory.path.name for directory in found[-5:])
     if not matching:
         raise LookupError(f"no run {run_id!r}; the newest are: {known} (runs() lists them all)")
     raise LookupError(f"{run_id!r} names several runs; give more of the id. The newest: {known}")

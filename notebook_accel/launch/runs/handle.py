@@ -1,8 +1,4 @@
-"""Finding detached runs and bringing them into a cell: attach(), runs(), resume().
-
-A run id names a run of this machine (its run directory, local.py), or with
-the prefix "ray-" a run on a Ray cluster (on_cluster.py).
-"""
+"""Finding detached runs and bringing them into a cell: attach(), runs(), resume()."""
 
 from __future__ import annotations
 
@@ -16,7 +12,7 @@ from notebook_accel.launch.plan import ENV_RESUME_FROM
 from notebook_accel.launch.runs.detached import DetachedRun, RunLostError  # noqa: F401
 from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, find_run, run_directories
 from notebook_accel.launch.runs.local import LocalRun
-from notebook_accel.reporting.observers import ConsoleObserver, RunObserver
+from notebook_accel.reporting.observers import ConsoleObserver
 
 
 def find(run_id: str | None = None, ray_address: str | None = None) -> DetachedRun:
@@ -43,11 +39,7 @@ def resume(run_id: str | None = None, live: bool | None = None) -> DetachedRun:
     """Start a lost, failed or stopped run (the newest, or `run_id`) again, detached, from
     the newest checkpoint it saved (`DetachedRun.resume`); its live view follows it under
     this cell, as a detached launch's does (`live=False`: none)."""
-    run = find(run_id).resume()
-    view = _view(live, background=True)
-    if view is not None:
-        run.follow_in_background(view)
-    return run
+    return _follow_in_background(find(run_id).resume(), live)
 
 
 def resume_checkpoint() -> str | None:
@@ -85,10 +77,7 @@ class RunList(list):
 def runs(ray_address: str | None = None) -> RunList:
     """This user's detached runs on this machine, and on the Ray cluster this kernel is
     connected to (or `ray_address` names), the oldest first, with their state."""
-    found = RunList()
-    for directory in run_directories():
-        record = directory.read()
-        found.append(_summary(record, directory.state()))
+    found = RunList(_summary(d.read(), d.state()) for d in run_directories())
     ray = sys.modules.get("ray")
     if ray_address is not None or (ray is not None and ray.is_initialized()):
         from notebook_accel.launch.runs.on_cluster import cluster_runs
@@ -120,16 +109,13 @@ def attach(
     there: by its id ("ray-..."), or the newest with `ray_address`.
     """
     run = find(run_id, ray_address)
-    record = run.record
-    view = _view(live, background=not wait)
     if not wait:
-        if view is not None:
-            run.follow_in_background(view)
-        return run
-    console = ConsoleObserver(record.output, main_rank=record.main_rank)
-    run.add_observer(console)
-    if view is not None:
-        run.add_observer(view)
+        return _follow_in_background(run, live)
+    run.add_observer(ConsoleObserver(run.record.output, main_rank=run.record.main_rank))
+    if live is not False:
+        from notebook_accel.views.live import live_view
+
+        run.add_observer(live_view(force=bool(live)))
     try:
         run.wait()
     except KeyboardInterrupt:
@@ -143,14 +129,13 @@ def attach(
     return run.result()
 
 
-def _view(live: bool | None, background: bool) -> RunObserver | None:
-    if live is False:
-        return None
-    from notebook_accel.views.live import WidgetView, live_view
+def _follow_in_background(run: DetachedRun, live: bool | None) -> DetachedRun:
+    """`run`, its live view (none with `live=False`) following it from a thread."""
+    if live is not False:
+        from notebook_accel.views.live import WidgetView, live_view
 
-    if not background:
-        return live_view(force=bool(live))
-    view = live_view(force=True, output="open")  # drawn from a thread: see the launcher
-    if isinstance(view, WidgetView):
-        view.show()
-    return view
+        view = live_view(force=True, output="open")  # drawn from a thread: see the launcher
+        if isinstance(view, WidgetView):
+            view.show()
+        run.follow_in_background(view)
+    return run

@@ -3,7 +3,7 @@
 It runs the launch as the kernel would (`run_plan`); every event goes to the
 run's log (log.py) instead of a cell, and the run's record says how it ended.
 One body, `Keeper`; only where the events and the record go differs: a process
-of this machine, its run directory (`LocalKeeper`, started by starting.py), or
+of this machine, its run directory (`LocalKeeper`, started by local.py), or
 a detached Ray actor, its memory (`ClusterKeeper`, on_cluster.py).
 """
 
@@ -13,13 +13,11 @@ import dataclasses
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 from notebook_accel.launch.running import run_plan
 from notebook_accel.launch.runs.directory import RunDirectory
 from notebook_accel.launch.runs.log import EventLog, EventLogWriter
-from notebook_accel.launch.runs.starting import read_plan
 from notebook_accel.launch.supervisor import StopSignal
 from notebook_accel.reporting.events import CheckpointSaved, RunEnded, RunEvent
 from notebook_accel.reporting.observers import RunObserver
@@ -28,20 +26,18 @@ from notebook_accel.reporting.report import final_status
 
 class Keeper(RunObserver):
     """Runs one detached run to its end: every event into `log`, the newest checkpoint
-    and how the run ended into its record. One subclass per place a keeper runs."""
+    and how the run ended into its record."""
 
     def __init__(self, log: EventLog, stop: StopSignal | None = None) -> None:
         self.log = log
         self.stop_signal = stop
         self.lock = threading.Lock()  # kernels read the log while the run appends
+        self._said_running = False
 
     # -- what each place provides: the launch as it runs there, the run's record
 
     def plan(self) -> Any:
         """The launch plan, as it runs here."""
-
-    def record_state(self) -> str:
-        """The state the run's record says now."""
 
     def update_record(self, **changes: Any) -> None:
         """Change the run's record's fields as `changes` say."""
@@ -50,8 +46,7 @@ class Keeper(RunObserver):
 
     def keep(self, started_at: float) -> None:
         """Run the launch to its end; its record and its log say how it ended."""
-        ended = RunEnded(RuntimeError("the keeper ended before the run did"))
-        status = "lost"
+        ended, status = RunEnded(RuntimeError("the keeper ended before the run did")), "lost"
         try:
             # Nothing launches from the keeper after the run: warming would only cost time.
             plan = dataclasses.replace(self.plan(), warm=False)
@@ -75,7 +70,8 @@ class Keeper(RunObserver):
         self._append(event)
         if isinstance(event, CheckpointSaved):
             self.update_record(checkpoint=event.path)
-        elif report.status == "running" and self.record_state() == "starting":
+        elif report.status == "running" and not self._said_running:
+            self._said_running = True
             self.update_record(state="running")
 
     def _append(self, event: RunEvent) -> None:
@@ -101,10 +97,7 @@ class LocalKeeper(Keeper):
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # the keeper has no terminal
         if self._stops:
             raise KeyboardInterrupt("the run was stopped before its workers started")
-        return read_plan(self.directory)
-
-    def record_state(self) -> str:
-        return self.directory.read().state
+        return self.directory.read_plan()
 
     def update_record(self, **changes: Any) -> None:
         self.directory.update(**changes)
@@ -115,5 +108,5 @@ def keeper_main(path: str, stops: list[int] | None = None) -> None:
 
     `stops`: the stop signals that came before this could act on them (the run then
     ends "stopped" before any worker starts)."""
-    directory = RunDirectory(Path(path))
+    directory = RunDirectory(path)
     LocalKeeper(directory, stops).keep(started_at=directory.read().created)

@@ -41,7 +41,6 @@ def segment_path(directory: Path, number: int) -> Path:
 
 
 def segments(directory: Path) -> list[int]:
-    """The numbers of the directory's segments, in order."""
     numbers = []
     for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
         with contextlib.suppress(ValueError):
@@ -62,32 +61,25 @@ def encode(sequence: int, event: RunEvent) -> bytes:
     return HEADER.pack(len(payload)) + payload
 
 
-def split_records(data: bytes) -> tuple[bytes, bytes]:
-    """`data` cut after its last whole record: (the whole records, the rest)."""
-    end = 0
-    while len(data) - end >= HEADER.size:
-        (length,) = HEADER.unpack_from(data, end)
-        if len(data) - end < HEADER.size + length:
-            break  # the rest of this record is still being written
-        end += HEADER.size + length
-    return data[:end], data[end:]
-
-
-def decode(data: bytes) -> list[tuple[int, RunEvent]]:
-    """The (sequence number, event) of each whole record in `data`, in order."""
+def decode(data: bytes) -> tuple[list[tuple[int, RunEvent]], bytes]:
+    """The (sequence number, event) of each whole record in `data`, in order, and what
+    follows the last of them."""
     found, offset = [], 0
-    while offset < len(data):
+    while len(data) - offset >= HEADER.size:
         (length,) = HEADER.unpack_from(data, offset)
-        found.append(pickle.loads(data[offset + HEADER.size : offset + HEADER.size + length]))
-        offset += HEADER.size + length
-    return found
+        end = offset + HEADER.size + length
+        if end > len(data):
+            break  # the rest of this record is still being written
+        found.append(pickle.loads(data[offset + HEADER.size : end]))
+        offset = end
+    return found, data[offset:]
 
 
 def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
     """The entries (sequence number, event, ...) a compacted log starts with: all but each
     rank's older output lines, progress updates and memory samples."""
     lines_left: Counter = Counter()
-    seen_progress, seen_sample = set(), set()
+    seen = set()  # (kind, rank) of the newest progress update and memory sample
     kept = []
     for entry in reversed(entries):
         event = entry[1]
@@ -95,23 +87,17 @@ def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
             lines_left[event.rank] += 1
             if lines_left[event.rank] > MAX_RANK_LINES:
                 continue
-        elif isinstance(event, Progress):
-            if event.rank in seen_progress:
+        elif isinstance(event, (Progress, ResourceSample)):
+            if (type(event), event.rank) in seen:
                 continue
-            seen_progress.add(event.rank)
-        elif isinstance(event, ResourceSample):
-            if event.rank in seen_sample:
-                continue
-            seen_sample.add(event.rank)
+            seen.add((type(event), event.rank))
         kept.append(entry)
     kept.reverse()
     return kept
 
 
 class EventLog:
-    """A run's events as numbered records, bounded: once they pass `limit` bytes, only
-    what compaction keeps stays. Kept in memory (a keeper on a Ray cluster);
-    `EventLogWriter` also writes them to a run directory."""
+    """A run's events as numbered records, in memory, compacted past `limit` bytes."""
 
     def __init__(self, segment_bytes: int = SEGMENT_BYTES) -> None:
         self.segment_bytes = segment_bytes
@@ -145,8 +131,7 @@ class EventLog:
 
 
 class EventLogWriter(EventLog):
-    """Appends a run's events to its directory (in the keeper): a compaction starts the
-    next segment with what is kept and removes the old one."""
+    """A run's events, also appended to its directory's segments (in the keeper)."""
 
     def __init__(self, directory: Path, segment_bytes: int = SEGMENT_BYTES) -> None:
         super().__init__(segment_bytes)
@@ -155,8 +140,7 @@ class EventLogWriter(EventLog):
         self._fd = self._open(self.number)
 
     def _open(self, number: int) -> int:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND
-        return open_private(segment_path(self.directory, number), flags)
+        return open_private(segment_path(self.directory, number), append=True)
 
     def _written(self, record: bytes) -> None:
         os.write(self._fd, record)
@@ -192,9 +176,11 @@ class EventLogReader:
         while True:
             if self._file is None and not self._open_newest():
                 return found
-            found += self._read_records()
-            newer = [number for number in segments(self.directory) if number > self._number]
-            if not newer:
+            records, self._pending = decode(self._pending + self._file.read())
+            found += [record for record in records if record[0] > self.last_sequence]
+            if found:  # in sequence order, in a segment and from one to the next
+                self.last_sequence = found[-1][0]
+            if all(number <= self._number for number in segments(self.directory)):
                 return found
             # The keeper moved on to a compacted segment holding everything kept so far.
             self._file.close()
@@ -207,16 +193,6 @@ class EventLogReader:
                 self._number = number
                 return True
         return False
-
-    def _read_records(self) -> list[tuple[int, RunEvent]]:
-        self._pending += self._file.read()
-        whole, self._pending = split_records(self._pending)
-        found = []
-        for sequence, event in decode(whole):
-            if sequence > self.last_sequence:
-                self.last_sequence = sequence
-                found.append((sequence, event))
-        return found
 
     def close(self) -> None:
         if self._file is not None:

@@ -1,14 +1,13 @@
 """A detached run on a Ray cluster: its keeper is a detached actor of the cluster.
 
 The kernel that launches with `cluster="ray"` and `detach=True` creates the
-run's keeper as a detached Ray actor (it outlives the kernel's Ray job) in a
-namespace of the user's own, and returns at once. The actor runs the launch
-as the kernel would (`run_plan`, its agents and placement group its own: they
-go with it) and keeps the run's events, bounded as a run directory's log is
-(log.py). Any kernel connected to the cluster finds it by name, reads the
-events since the last it had, and can stop it. After the run ends the actor
-stays `KEEP_ENDED_SECONDS` for kernels that come for the outcome, or until a
-kernel calls `forget()`; a kernel that stops a run frees it at once.
+run's keeper as a detached Ray actor (it outlives the kernel's Ray job) and
+returns at once. The actor runs the launch as the kernel would (`run_plan`, its
+agents and placement group its own: they go with it) and keeps the run's events,
+bounded as a run directory's log is (log.py). Any kernel connected to the
+cluster finds it by name, reads the events since the last it had, and can stop
+it. After the run ends the actor waits a while for kernels that come for the
+outcome (`KEEP_ENDED_SECONDS`).
 """
 
 from __future__ import annotations
@@ -23,10 +22,14 @@ from typing import Any
 from notebook_accel.launch.cluster.connect import connect, require_ray
 from notebook_accel.launch.cluster.pool import AGENT_RUNTIME_ENV
 from notebook_accel.launch.runs.detached import DetachedRun
-from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, RunRecord, new_run_id
+from notebook_accel.launch.runs.directory import (
+    CLUSTER_ID_PREFIX,
+    RunRecord,
+    plan_bytes,
+    plan_from_bytes,
+)
 from notebook_accel.launch.runs.keeper import Keeper
 from notebook_accel.launch.runs.log import EventLog, decode
-from notebook_accel.launch.runs.starting import plan_bytes, plan_from_bytes
 from notebook_accel.launch.supervisor import StopSignal
 
 ACTOR_PREFIX = "notebook_accel-run-"
@@ -67,9 +70,6 @@ class ClusterKeeper(Keeper):
         request = dataclasses.replace(plan.cluster, address=None, keep_warm=0.0)
         return dataclasses.replace(plan, cluster=request)
 
-    def record_state(self) -> str:
-        return self._record.state
-
     def update_record(self, **changes: Any) -> None:
         with self.lock:
             self._record = dataclasses.replace(self._record, **changes)
@@ -77,21 +77,19 @@ class ClusterKeeper(Keeper):
     # -- what kernels call ---------------------------------------------------------
 
     def read(self, after: int) -> bytes:
-        """The records of the events after sequence number `after`."""
         with self.lock:
             return self.log.read(after)
 
     def record(self) -> RunRecord:
         """The run's record: what was launched, its state, its newest checkpoint."""
-        with self.lock:
-            return dataclasses.replace(self._record)
+        return self._record  # replaced whole by each change, never changed in place
 
     def stop(self) -> None:
         """Stop the run: every worker, agent and the placement group go."""
         self.stop_signal.set()
 
     def launch(self) -> bytes:
-        """The launch as it was shipped (starting.plan_bytes), for `resume`."""
+        """The launch as it was shipped (directory.plan_bytes), for `resume`."""
         return self._launch
 
 
@@ -105,64 +103,51 @@ class ClusterRun(DetachedRun):
         # The launch, where this kernel started the run: it resumes a run whose keeper died.
         self._launch = launch
 
-    def _ask(self, method: str, *args: Any) -> Any:
-        """The keeper actor's answer to `method(*args)`."""
+    def _ask(self, method: str, *args: Any, gone: Any = None) -> Any:
+        """The keeper actor's answer to `method(*args)`, or `gone` if the actor is gone."""
         ray = require_ray()
-        return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
+        try:
+            return ray.get(getattr(self._actor, method).remote(*args), timeout=ANSWER_SECONDS)
+        except ray.exceptions.RayActorError:
+            return gone
 
     def read_new(self) -> list[tuple[int, Any]]:
         ray = require_ray()
         try:
-            found = decode(self._ask("read", self._last))  # only those after `_last`
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            found, _ = decode(self._ask("read", self._last, gone=b""))  # those after `_last`
+        except ray.exceptions.GetTimeoutError:
             return []
         if found:
             self._last = found[-1][0]
         return found
 
     def keeper_gone(self) -> bool:
-        ray = require_ray()
-        try:
-            self.record = self._ask("record")
-        except ray.exceptions.RayActorError:
-            return True
-        return False
+        record = self._ask("record")
+        self.record = record or self.record
+        return record is None
 
     def on_lost(self) -> str:
         return "its Ray actor died"
 
-    def state_now(self) -> str:
-        return "lost" if self.keeper_gone() else self.record.state
-
     def ask_to_stop(self) -> bool:
-        ray = require_ray()
-        try:
-            self._ask("stop")
-        except ray.exceptions.RayActorError:
-            return False
-        return True
+        return self._ask("stop", gone=False) is None  # the actor's stop() says nothing
 
     def after_stop(self, seconds: float) -> None:
         self.forget()  # whoever stopped it has its outcome
 
     def forget(self) -> None:
         """End the run's keeper actor now (a running run with it): what it kept is gone."""
-        ray = require_ray()
-        ray.kill(self._actor, no_restart=True)
+        require_ray().kill(self._actor, no_restart=True)
 
     def shipped_plan(self) -> Any:
-        ray = require_ray()
-        launch = self._launch
+        launch = self._launch or self._ask("launch")
         if launch is None:
-            try:
-                launch = self._ask("launch")
-            except ray.exceptions.RayActorError:
-                raise RuntimeError(
-                    f"run {self.id}'s keeper died, and its launch with it: only the kernel "
-                    "that started the run can resume it. Launch the function again with "
-                    "detach=True and have it load the checkpoint "
-                    f"({self.report.checkpoint or 'none'})"
-                ) from None
+            raise RuntimeError(
+                f"run {self.id}'s keeper died, and its launch with it: only the kernel "
+                "that started the run can resume it. Launch the function again with "
+                "detach=True and have it load the checkpoint "
+                f"({self.report.checkpoint or 'none'})"
+            )
         return plan_from_bytes(launch)
 
     @classmethod
@@ -170,8 +155,8 @@ class ClusterRun(DetachedRun):
         ray = require_ray()
         connect(plan.cluster.address)
         record = RunRecord.of_plan(
-            CLUSTER_ID_PREFIX + new_run_id(),
             plan,
+            CLUSTER_ID_PREFIX,
             main_rank=0,
             local_world_size=plan.world_size,
             start_method="on the cluster",
