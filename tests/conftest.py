@@ -266,9 +266,9 @@ def processes_of_runs(root: Path) -> list[psutil.Process]:
     for path in root.iterdir():
         keeper = RunDirectory(path).keeper() if (path / "run.json").exists() else None
         if keeper is not None:
-            found.append(keeper)
             try:
-                found += keeper.children(recursive=True)
+                process = psutil.Process(keeper.pid)
+                found += [process, *process.children(recursive=True)]
             except psutil.Error:
                 pass
     return found

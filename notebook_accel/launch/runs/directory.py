@@ -26,6 +26,7 @@ import cloudpickle
 import psutil
 
 from notebook_accel.launch.packing import pack, unpack
+from notebook_accel.launch.processes import OtherProcess
 
 # The prefix of a run on a Ray cluster's id (runs/on_cluster.py), whose keeper is not here.
 CLUSTER_ID_PREFIX = "ray-"
@@ -188,8 +189,8 @@ class RunDirectory:
         self.write(record)
         return record
 
-    def keeper(self, record: RunRecord | None = None) -> psutil.Process | None:
-        """The run's keeper process if it still runs, else None."""
+    def keeper(self, record: RunRecord | None = None) -> OtherProcess | None:
+        """The handle on the run's keeper process if it still runs, else None."""
         record = record or self.read()
         if record.keeper_pid is None:
             return None
@@ -199,7 +200,7 @@ class RunDirectory:
             alive = process.status() != psutil.STATUS_ZOMBIE
         except psutil.Error:
             return None
-        return process if same and alive else None
+        return OtherProcess(process) if same and alive else None
 
     def state(self, record: RunRecord | None = None) -> str:
         """The run's state (as `record`, read now if None, says), "lost" for a run whose

@@ -8,7 +8,6 @@ from there.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -57,17 +56,13 @@ class LocalRun(DetachedRun):
         self._keeper = self.directory.keeper()
         if self._keeper is None:
             return False
-        with contextlib.suppress(psutil.NoSuchProcess):
-            self._keeper.send_signal(signal.SIGINT)
+        self._keeper.kill(signal.SIGINT)
         return True
 
     def after_stop(self, seconds: float) -> None:
-        try:
-            self._keeper.wait(seconds)
-        except psutil.TimeoutExpired:
-            raise TimeoutError(f"run {self.id}'s keeper did not exit within its stop") from None
-        except psutil.NoSuchProcess:
-            pass
+        self._keeper.join(seconds)
+        if self._keeper.exitcode is None:
+            raise TimeoutError(f"run {self.id}'s keeper did not exit within its stop")
 
     def forget(self) -> None:
         """Remove the run's directory; refused while the run goes (stop it first)."""
@@ -75,8 +70,7 @@ class LocalRun(DetachedRun):
         if keeper is not None:
             if not self.directory.read().ended_state:
                 raise RuntimeError(f"run {self.id} is still {self.state}: stop() it first")
-            with contextlib.suppress(psutil.Error):  # an ended run's keeper is exiting
-                keeper.wait(EXIT_SECONDS)
+            keeper.join(EXIT_SECONDS)  # an ended run's keeper is exiting
         self._reader.close()
         shutil.rmtree(self.directory.path)
 

@@ -171,7 +171,7 @@ def test_after_a_restart_a_new_kernel_gets_the_error_and_stops_the_other_run(ker
     failing_id, endless_id = run_ids(text) or [text, ""]
     wait_for_line(endless_id, "step 1")
     endless = find_run(endless_id)
-    workers = endless.keeper().children(recursive=True)
+    workers = psutil.Process(endless.keeper().pid).children(recursive=True)
     first.manager.restart_kernel(now=True)  # ends the kernel's whole process group
     first.client.wait_for_ready(timeout=PROMPTLY)
 

@@ -86,9 +86,9 @@ def test_a_killed_keeper_takes_its_workers_and_resume_goes_on_from_its_checkpoin
     )
     wait_for(lambda: "holding" in run.output(), "the run to reach step 10")
     keeper = run.directory.keeper()
-    workers = keeper.children(recursive=True)
+    workers = psutil.Process(keeper.pid).children(recursive=True)
     assert len(workers) >= 2
-    keeper.send_signal(signal.SIGKILL)
+    keeper.kill(signal.SIGKILL)
 
     with pytest.raises(RunLostError) as lost:
         run.result(timeout=PROMPTLY)
