@@ -192,8 +192,7 @@ def _decimal(
     optional: bool = False,
     zero: bool = False,
 ) -> Option:
-    """A number option (seconds, CPUs): above 0, or 0 too with `zero`; `must_be` says what
-    in the message."""
+    """A number option (seconds, CPUs): above 0, or 0 too with `zero`."""
 
     def check(value: Any) -> float | None:
         if value is None and optional:

@@ -170,13 +170,12 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
     # Workers of another platform (CPU ones) can be forked from a kernel that uses a
     # device, but cannot read a device tensor they inherit.
     foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {platform.name})
-    problem = platform.fork_problem() or (
-        f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
-        "worker cannot read (workers that start clean get them on the CPU)"
-        if foreign
-        else None
-    )
-    method, reason = "fork", None
+    problem = platform.fork_problem()
+    if foreign and not problem:
+        problem = (
+            f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
+            "worker cannot read (workers that start clean get them on the CPU)"
+        )
     if asked == "fork" and problem:
         raise LaunchRefused(
             f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
@@ -184,9 +183,9 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
             "once, or restart the kernel and touch the device only inside the training "
             "function."
         )
-    if asked != "fork" and (asked in ("spawn", "forkserver") or problem):
-        fresh_problem = platform.fresh_start_problem()
-        if fresh_problem:
+    method, reason = "fork", None
+    if asked in ("spawn", "forkserver") or (asked == "auto" and problem):
+        if fresh_problem := platform.fresh_start_problem():
             because = f"{problem}; " if problem else ""
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
         method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
