@@ -134,7 +134,7 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
         num_processes = platform.default_num_processes(hardware)
         if num_processes < 1:
             raise RuntimeError(f"this machine has no {platform.device_noun} to run on.")
-    _check_devices_fit(platform, num_processes, devices, hardware, values["oversubscribe"])
+    _check_devices_fit(platform, num_processes, values, hardware)
     return platform, platform.worker_processes(num_processes, hardware)
 
 
@@ -255,13 +255,8 @@ def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -
     return chosen
 
 
-def _check_devices_fit(
-    platform: Platform,
-    wanted: int,
-    devices: list[int] | None,
-    hardware: Hardware,
-    oversubscribe: bool,
-) -> None:
+def _check_devices_fit(platform: Platform, wanted: int, values: dict, hardware: Hardware) -> None:
+    devices = values["devices"]
     noun, available = platform.device_noun, platform.device_count(hardware)
     if devices is not None and max(devices) >= available:
         raise ValueError(
@@ -275,7 +270,7 @@ def _check_devices_fit(
     )
     if platform.oversubscription_allowed():
         limit = CPU_WORKERS_PER_CORE_LIMIT * max(available, 1)
-        if wanted > limit and not oversubscribe:
+        if wanted > limit and not values["oversubscribe"]:
             raise ValueError(
                 f"{message}: more than {CPU_WORKERS_PER_CORE_LIMIT} workers per {noun} would "
                 f"crowd the machine out, so nothing was started. Pass num_processes={limit} "
