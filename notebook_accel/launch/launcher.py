@@ -81,13 +81,11 @@ def notebook_launcher(
     if live is None or live:
         from notebook_accel.views.live import WidgetView, live_view
 
-        if detach:  # drawn from a thread that follows the run: it shows the output too,
-            # since this cell prints nothing once it has returned
-            view = live_view(plan, force=True, output="open")
-            if isinstance(view, WidgetView):
-                view.show()  # under this cell, before it returns
-        else:
-            view = live_view(plan, force=bool(live))
+        # A detached run's view, drawn from a thread that follows the run, shows the output
+        # too: this cell prints nothing once it has returned.
+        view = live_view(plan, force=detach or bool(live), output="open" if detach else "collapsed")
+        if detach and isinstance(view, WidgetView):
+            view.show()  # under this cell, before it returns
         extra.append(view)
     if not detach:
         console = ConsoleObserver(plan.output, main_rank=plan.node_rank * plan.local_world_size)

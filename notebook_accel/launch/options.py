@@ -65,7 +65,7 @@ class Option:
     choices: tuple[str, ...] | None = None
     minimum: int | None = None
     # How the command line turns the flag's text into a value (None: no flag).
-    parse: Callable[[str], Any] | None = None
+    parse: Callable[[str], Any] | None = str
     aliases: tuple[str, ...] = ()
 
     @property
@@ -192,8 +192,7 @@ def _decimal(
     optional: bool = False,
     zero: bool = False,
 ) -> Option:
-    """A number option (seconds, CPUs): above 0, or 0 too with `zero`; `must_be` says what
-    in the message."""
+    """A number option (seconds, CPUs): above 0, or 0 too with `zero`."""
 
     def check(value: Any) -> float | None:
         if value is None and optional:
@@ -219,12 +218,12 @@ def _choice(name: str, default: str | None, help: str, choices: tuple, **more: A
         return value
 
     annotation = "str | None" if default is None else "str"
-    return Option(name, default, help, check, annotation, **{"parse": str, **more}, choices=choices)
+    return Option(name, default, help, check, annotation, **more, choices=choices)
 
 
 def _switch(name: str, default: bool, help: str, **more: Any) -> Option:
     """A yes-or-no option."""
-    return Option(name, default, help, bool, "bool", **more)
+    return Option(name, default, help, bool, "bool", **{"parse": None, **more})
 
 
 OPTIONS: dict[str, Option] = {
@@ -246,7 +245,6 @@ OPTIONS: dict[str, Option] = {
             "str | None",
             positional=True,
             choices=PRECISIONS,
-            parse=str,
         ),
         Option(
             "use_port",
@@ -265,7 +263,6 @@ OPTIONS: dict[str, Option] = {
             _address,
             "str",
             positional=True,
-            parse=str,
         ),
         _count("node_rank", 0, "this machine's number, from 0", minimum=0, positional=True),
         _count("num_nodes", 1, "machines taking part", minimum=1, positional=True),
@@ -276,7 +273,6 @@ OPTIONS: dict[str, Option] = {
             "(default: what the hardware suggests)",
             _backend,
             "str | None",
-            parse=str,
         ),
         Option(
             "devices",
@@ -325,6 +321,7 @@ OPTIONS: dict[str, Option] = {
             "fields as a dict",
             _fsdp,
             "bool | dict | None",
+            parse=None,
         ),
         _switch(
             "warm",
@@ -384,7 +381,6 @@ OPTIONS: dict[str, Option] = {
             "cluster of this machine alone)",
             _ray_address,
             "str | None",
-            parse=str,
         ),
         _choice(
             "placement_strategy",

@@ -216,17 +216,6 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
-class _LiveUnpickler(pickle.Unpickler):
-    def __init__(self, file: io.BytesIO, namespace: dict[str, Any]) -> None:
-        super().__init__(file)
-        self.namespace = namespace
-
-    def persistent_load(self, pid: Any) -> Any:
-        if pid != WORKER_NAMESPACE:
-            raise pickle.UnpicklingError(f"unknown reference in a live call: {pid!r}")
-        return self.namespace
-
-
 def _on_worker_device(
     tensor: Any, is_parameter: bool, requires_grad: bool, device_type: str = "cuda"
 ) -> Any:
@@ -282,7 +271,15 @@ def unpack_in_namespace(shipped: bytes, namespace: dict[str, Any]) -> tuple[Any,
     """
     held = dict(namespace)
     payload, changed = _payload(shipped)
-    function, args, kwargs = _LiveUnpickler(io.BytesIO(payload), namespace).load()
+
+    def persistent_load(pid: Any) -> Any:
+        if pid != WORKER_NAMESPACE:
+            raise pickle.UnpicklingError(f"unknown reference in a live call: {pid!r}")
+        return namespace
+
+    unpickler = pickle.Unpickler(io.BytesIO(payload))
+    unpickler.persistent_load = persistent_load
+    function, args, kwargs = unpickler.load()
     # namespace (by id: one per worker process, alive as long as it) -> its names' values
     # as they came from the kernel
     from_kernel = _kernel_values.setdefault(id(namespace), {})

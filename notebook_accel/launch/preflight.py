@@ -51,7 +51,11 @@ def plan_launch(
     forks even a single worker (the panel, which must be able to stop it).
     """
     values = check_options(options)
-    _check_not_in_worker()
+    if LaunchSettings.from_env() is not None and "RANK" in os.environ:
+        raise RuntimeError(
+            "notebook_launcher was called inside a launched worker. Call it once, from "
+            "the notebook; inside the training function use the Accelerator instead."
+        )
     args, kwargs = _check_call(function, args, kwargs)
     check_options_fit_place(values)
     cluster = None
@@ -64,8 +68,12 @@ def plan_launch(
         platform, local_world_size = choose_workers(values, hardware)
         platform.check_precision(values["mixed_precision"], hardware)
         single_in_process = single_in_process and platform.single_worker_in_process
-    use_port, num_nodes = values["use_port"], values["num_nodes"]
+    # The plan's fields named after an option hold its checked value, but for these three.
+    same = {f.name: values[f.name] for f in dataclasses.fields(LaunchPlan) if f.name in values}
+    same.update(threads_per_process=values["threads_per_process"] or 1, cluster=cluster)
+    same.pop("start_method")  # chosen below (with_start_method)
     plan = LaunchPlan(
+        **same,
         function=function,
         args=args,
         kwargs=kwargs,
@@ -77,26 +85,27 @@ def plan_launch(
             fsdp=values["fsdp"],
         ),
         local_world_size=local_world_size,
-        num_nodes=num_nodes,
-        node_rank=values["node_rank"],
-        master_addr=values["master_addr"],
         # Across machines the port is fixed: the machines must agree on it without talking.
-        port=DEFAULT_MULTINODE_PORT if use_port is None and num_nodes > 1 else use_port,
-        devices=values["devices"],
-        max_restarts=values["max_restarts"],
-        timeout=values["timeout"],
-        explain_hang_after=values["explain_hang_after"],
-        return_all=values["return_all"],
-        output=values["output"],
-        threads_per_process=values["threads_per_process"] or 1,
-        warm=values["warm"],
-        post_mortem=values["post_mortem"],
+        port=values["use_port"] or (DEFAULT_MULTINODE_PORT if values["num_nodes"] > 1 else None),
         single_in_process=single_in_process,
-        cluster=cluster,
     )
+    if plan.in_process:
+        if plan.timeout is not None:
+            raise ValueError(
+                "timeout= needs worker processes: with num_processes=1 the function runs "
+                "in this process, which cannot stop itself. Use num_processes=2 or more."
+            )
+        if plan.max_restarts:
+            raise ValueError("max_restarts= needs worker processes; use num_processes=2 or more.")
+        return plan
     if plan.cluster is not None:  # the cluster's agents fork the workers
         return plan
-    return _check_how_it_runs(plan, values["start_method"])
+    if not hasattr(os, "fork"):
+        raise RuntimeError(
+            "notebook_launcher starts worker processes the way Linux does, which this "
+            "operating system cannot. Use num_processes=1, or run under Linux or WSL."
+        )
+    return with_start_method(plan, values["start_method"])
 
 
 def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform, int]:
@@ -125,7 +134,7 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
         num_processes = platform.default_num_processes(hardware)
         if num_processes < 1:
             raise RuntimeError(f"this machine has no {platform.device_noun} to run on.")
-    _check_devices_fit(platform, num_processes, devices, hardware, values["oversubscribe"])
+    _check_devices_fit(platform, num_processes, values, hardware)
     return platform, platform.worker_processes(num_processes, hardware)
 
 
@@ -142,24 +151,6 @@ def _check_nodes(values: dict[str, Any]) -> None:
             "have to be agreed between machines. Use `notebook-accel launch` (torchrun) "
             "for elastic multi-node runs."
         )
-
-
-def _check_how_it_runs(plan: LaunchPlan, start_method: str | None) -> LaunchPlan:
-    if plan.in_process:
-        if plan.timeout is not None:
-            raise ValueError(
-                "timeout= needs worker processes: with num_processes=1 the function runs "
-                "in this process, which cannot stop itself. Use num_processes=2 or more."
-            )
-        if plan.max_restarts:
-            raise ValueError("max_restarts= needs worker processes; use num_processes=2 or more.")
-        return plan
-    if not hasattr(os, "fork"):
-        raise RuntimeError(
-            "notebook_launcher starts worker processes the way Linux does, which this "
-            "operating system cannot. Use num_processes=1, or run under Linux or WSL."
-        )
-    return with_start_method(plan, start_method)
 
 
 def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
@@ -179,13 +170,12 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
     # Workers of another platform (CPU ones) can be forked from a kernel that uses a
     # device, but cannot read a device tensor they inherit.
     foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {platform.name})
-    problem = platform.fork_problem() or (
-        f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
-        "worker cannot read (workers that start clean get them on the CPU)"
-        if foreign
-        else None
-    )
-    method, reason = "fork", None
+    problem = platform.fork_problem()
+    if foreign and not problem:
+        problem = (
+            f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
+            "worker cannot read (workers that start clean get them on the CPU)"
+        )
     if asked == "fork" and problem:
         raise LaunchRefused(
             f"start_method='fork' cannot work here: {problem}. Leave start_method unset "
@@ -193,9 +183,9 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
             "once, or restart the kernel and touch the device only inside the training "
             "function."
         )
-    if asked != "fork" and (asked in ("spawn", "forkserver") or problem):
-        fresh_problem = platform.fresh_start_problem()
-        if fresh_problem:
+    method, reason = "fork", None
+    if asked in ("spawn", "forkserver") or (asked == "auto" and problem):
+        if fresh_problem := platform.fresh_start_problem():
             because = f"{problem}; " if problem else ""
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
         method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
@@ -225,20 +215,12 @@ def held_device_types(value: Any, depth: int = 0) -> set[str]:
     return set()
 
 
-def _check_not_in_worker() -> None:
-    if LaunchSettings.from_env() is not None and "RANK" in os.environ:
-        raise RuntimeError(
-            "notebook_launcher was called inside a launched worker. Call it once, from "
-            "the notebook; inside the training function use the Accelerator instead."
-        )
-
-
 def _check_call(function: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
     if not callable(function):
         raise TypeError(
             f"notebook_launcher needs a function to run, got {type(function).__name__}."
         )
-    if isinstance(args, (str, bytes)) or not isinstance(args, (tuple, list)):
+    if not isinstance(args, (tuple, list)):
         raise TypeError(
             f"args must be a tuple of arguments for the function, got {args!r}; "
             "for a single argument write args=(value,)."
@@ -263,26 +245,18 @@ def _check_call(function: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
 
 
 def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -> Platform:
-    if name is None:
-        chosen = default_platform(hardware)
-        if devices is not None and not chosen.chooses_devices:
-            chosen = platform_named("cuda")  # devices= names GPUs where there are none
-    else:
-        chosen = platform_named(name)
+    chosen = default_platform(hardware) if name is None else platform_named(name)
     if devices is not None and not chosen.chooses_devices:
+        if name is None:
+            return platform_named("cuda")  # devices= names GPUs where there are none
         raise ValueError(
             f"devices= chooses accelerator devices (GPUs); the {chosen.name} backend takes none."
         )
     return chosen
 
 
-def _check_devices_fit(
-    platform: Platform,
-    wanted: int,
-    devices: list[int] | None,
-    hardware: Hardware,
-    oversubscribe: bool,
-) -> None:
+def _check_devices_fit(platform: Platform, wanted: int, values: dict, hardware: Hardware) -> None:
+    devices = values["devices"]
     noun, available = platform.device_noun, platform.device_count(hardware)
     if devices is not None and max(devices) >= available:
         raise ValueError(
@@ -296,7 +270,7 @@ def _check_devices_fit(
     )
     if platform.oversubscription_allowed():
         limit = CPU_WORKERS_PER_CORE_LIMIT * max(available, 1)
-        if wanted > limit and not oversubscribe:
+        if wanted > limit and not values["oversubscribe"]:
             raise ValueError(
                 f"{message}: more than {CPU_WORKERS_PER_CORE_LIMIT} workers per {noun} would "
                 f"crowd the machine out, so nothing was started. Pass num_processes={limit} "
