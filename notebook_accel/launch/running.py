@@ -170,7 +170,6 @@ def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
             raise TimeoutError(
                 f"the run did not finish within timeout={plan.timeout} s; every worker was stopped"
             ) from None
-    raise AssertionError("unreachable")
 
 
 def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:

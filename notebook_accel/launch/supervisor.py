@@ -166,7 +166,6 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        signal.signal(signal.SIGINT, previous)
         if catcher is not None and catcher.pressed:
             raise KeyboardInterrupt("the run was stopped") from error
         raise
@@ -202,10 +201,6 @@ class FatalReport:
             self._open = False
         elif self._open:
             self.lines.append(line)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 @dataclass
@@ -409,9 +404,6 @@ class WorkerGroupBase:
         self._last_progress = time.monotonic()
         self._hang_explained = False
 
-    def _stalled_for(self) -> float:
-        return time.monotonic() - self._last_progress
-
     def _hang_due(self, until: float | None) -> float | None:
         """`until`, or sooner if the hang explanation falls due before it."""
         if self.hang_after is None or self._hang_explained:
@@ -420,9 +412,8 @@ class WorkerGroupBase:
         return due if until is None else min(until, due)
 
     def _explain_if_hung(self) -> None:
-        if self.hang_after is None or self._hang_explained:
-            return
-        if self._stalled_for() >= self.hang_after:
+        stalled = time.monotonic() - self._last_progress
+        if self.hang_after is not None and not self._hang_explained and stalled >= self.hang_after:
             self._hang_explained = True  # once per stall: any progress re-arms it
             self.explain_where(
                 f"no progress for {self.hang_after:g} s (no output, step or event from any "
@@ -430,9 +421,10 @@ class WorkerGroupBase:
             )
 
     def _explain_if_stuck(self) -> None:
-        if self._stalled_for() >= STUCK_ON_STOP_SECONDS:
+        stalled = time.monotonic() - self._last_progress
+        if stalled >= STUCK_ON_STOP_SECONDS:
             self.explain_where(
-                f"Stop pressed after {self._stalled_for():.0f} s without progress; before "
+                f"Stop pressed after {stalled:.0f} s without progress; before "
                 "the workers are stopped"
             )
 
@@ -455,7 +447,13 @@ class WorkerGroupBase:
                 deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
-        ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
+        ended = {
+            w.rank: "finished (exited with code 0)"
+            if w.exitcode == 0 and w.error is None and not w.lost
+            else _failure_of(w).how
+            for w in self.workers
+            if w.ended
+        }
         all_reducing = [
             w.rank for w in asked if w.stacks.note and w.stacks.note.gradient_all_reduce
         ]
@@ -643,31 +641,21 @@ class WorkerGroup(WorkerGroupBase):
                 spec_fd = ship(self.spec)  # pickled once, read by every worker
                 make = functools.partial(start, spec_fd)
             else:
-                make = functools.partial(self._forked, ForkContext())
+                context = ForkContext()
+
+                def make(local_rank: int, pipes: WorkerPipes, name: str) -> ForkedProcess:
+                    # The child must hold no read end of any pipe (its own, those of the
+                    # workers started before it, those of another launch), nor a socket or
+                    # janitor pipe of this process.
+                    args = (self.spec, local_rank, pipes, parent_only_fds(), os.getpid())
+                    return context.Process(target=worker_main, args=args, name=name, daemon=False)
+
             try:
                 for local_rank in self.local_ranks:
                     self._start_one(make, local_rank)
             finally:
                 if spec_fd is not None:
                     os.close(spec_fd)
-
-    def _forked(
-        self,
-        context: ForkContext,
-        local_rank: int,
-        pipes: WorkerPipes,
-        name: str,
-    ) -> ForkedProcess:
-        # The child must hold no read end of any pipe (its own, those of the
-        # workers started before it, those of another launch), nor a socket or
-        # janitor pipe of this process.
-        inherited = parent_only_fds()
-        return context.Process(
-            target=worker_main,
-            args=(self.spec, local_rank, pipes, inherited, os.getpid()),
-            name=name,
-            daemon=False,
-        )
 
     def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
         ours, theirs = WorkerPipes.open()
@@ -702,7 +690,12 @@ class WorkerGroup(WorkerGroupBase):
         """Handle what happens until `until` or the next memory sample, whichever is first."""
         wake_at = self._next_sample if until is None else min(until, self._next_sample)
         for key, _ in self._selector.select(max(0.0, wake_at - time.monotonic())):
-            self._handle(key.fd)
+            # An fd may have been closed earlier in the same batch of events.
+            if key.fd in self._sentinels:
+                self._selector.unregister(key.fd)
+                self._on_exit(self._sentinels.pop(key.fd))
+            elif key.fd in self._pipes:
+                self._drain(key.fd)
         if time.monotonic() >= self._next_sample:
             self._sample_resources()
 
@@ -727,14 +720,6 @@ class WorkerGroup(WorkerGroupBase):
                 if worker.exitcode is None:
                     rss = psutil.Process(worker.process.pid).memory_info().rss
                     self.emit(ResourceSample(worker.rank, rss))
-
-    def _handle(self, fd: int) -> None:
-        # An fd may have been closed earlier in the same batch of events.
-        if fd in self._sentinels:
-            self._selector.unregister(fd)
-            self._on_exit(self._sentinels.pop(fd))
-        elif fd in self._pipes:
-            self._drain(fd)
 
     def _drain(self, fd: int, last: bool = False) -> None:
         """Read what the pipe holds now; at its end, or when `last`, close it.
@@ -779,8 +764,11 @@ class WorkerGroup(WorkerGroupBase):
     ) -> list[WorkerPipe]:
         """Take what `worker`'s output pipes (and its channel, if `channel`) hold now;
         return those pipes. `last`: close them too (`_drain`)."""
-        pipes = {fd: p for fd, p in self._pipes.items() if p.worker is worker}
-        pipes = {fd: p for fd, p in pipes.items() if channel or p.stream != "channel"}
+        pipes = {
+            fd: p
+            for fd, p in self._pipes.items()
+            if p.worker is worker and (channel or p.stream != "channel")
+        }
         for fd in pipes:
             self._drain(fd, last)
         return list(pipes.values())
@@ -828,10 +816,9 @@ class WorkerGroup(WorkerGroupBase):
 
     def stop(self) -> None:
         with interrupts_deferred():
-            if self._stopped:
-                return
-            self._terminate()
-            self._stopped = True
+            if not self._stopped:
+                self._terminate()
+                self._stopped = True
 
     def _terminate(self) -> None:
         alive = [w for w in self.workers if w.process.exitcode is None]
@@ -845,22 +832,18 @@ class WorkerGroup(WorkerGroupBase):
         for worker in self.workers:
             kill_group(worker.process.pid, signal.SIGKILL)
         end_processes(map(OtherProcess, descendants), grace=0, reap=0, groups=False)
-        try:
-            self._collect_remains()
+        try:  # every worker's exit code and last output; then close the processes and pipes
+            for worker in self.workers:
+                if worker.exitcode is None:
+                    worker.exitcode = worker.process.exitcode
+                self.drain_output(worker, channel=True, last=True)
+                if worker.process.exitcode is not None:
+                    worker.process.close()
+            for fd in list(self._pipes):  # none should be left; close them all the same
+                self._close(fd)
         finally:  # whatever reading the last output raised, nothing of the run stays
             self._janitor.close()
             self._selector.close()
-
-    def _collect_remains(self) -> None:
-        """Every worker's exit code and last output; then close the processes and pipes."""
-        for worker in self.workers:
-            if worker.exitcode is None:
-                worker.exitcode = worker.process.exitcode
-            self.drain_output(worker, channel=True, last=True)
-            if worker.process.exitcode is not None:
-                worker.process.close()
-        for fd in list(self._pipes):  # none should be left; close them all the same
-            self._close(fd)
 
 
 def read_some(fd: int) -> bytes:
@@ -880,18 +863,11 @@ def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
     return WorkerFailure(
         rank=worker.rank,
         exitcode=worker.exitcode,
-        traceback=worker.error.traceback if worker.error else worker.fatal.text,
+        traceback=worker.error.traceback if worker.error else "".join(worker.fatal.lines),
         exception=worker.error.exception if worker.error else "",
         where=worker.where,
         lost=worker.lost,
     )
-
-
-def _how_it_ended(worker: SupervisedWorker) -> str:
-    failure = _failure_of(worker)
-    if worker.exitcode == 0 and not failure.exception and not failure.lost:
-        return "finished (exited with code 0)"
-    return failure.how
 
 
 def _descendants(pids: list[int]) -> list[psutil.Process]:

@@ -216,7 +216,13 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         _send_peak_resources(channel, rank)
         if spec.returns_value(rank):
             _send_result(channel, rank, value)
-        _barrier_before_exit()
+        # Every rank finishes its last collective before any of them exits: exiting tears
+        # down the sockets, and a peer still reading the last message of a collective
+        # would see "connection reset" instead of its data.
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
     except SystemExit as stop:
         exitcode = _exit_status(stop.code)
         if exitcode:
@@ -354,18 +360,6 @@ def _exit_status(code: Any) -> int:
         return code
     print(code, file=sys.stderr)
     return 1
-
-
-def _barrier_before_exit() -> None:
-    """Let every rank finish its last collective before any of them exits.
-
-    Exiting tears down the sockets; a peer still reading the last message of a
-    collective would see "connection reset" instead of its data.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
 
 
 def _redirect_output(pipes: WorkerPipes) -> None:
