@@ -57,8 +57,7 @@ def run_plan(
     (then KeyboardInterrupt is raised).
     """
     global _last_run
-    if report is None:
-        report = plan.new_report()
+    report = plan.new_report() if report is None else report
     if not report.started_at:
         report.started_at = time.time()
     _last_run = report

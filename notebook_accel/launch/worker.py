@@ -223,8 +223,11 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
 
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
-    except SystemExit as stop:
-        exitcode = _exit_status(stop.code)
+    except SystemExit as stop:  # as Python exits: None is 0, what is no int is printed, 1
+        exitcode = 0 if stop.code is None else stop.code
+        if not isinstance(exitcode, int):
+            print(exitcode, file=sys.stderr)
+            exitcode = 1
         if exitcode:
             _send_error(channel, rank, stop, spec.function)
         return exitcode
@@ -351,15 +354,6 @@ def _code_of(function: Callable[..., Any]) -> CodeType | None:
     if code is None:  # an object with a __call__ method
         code = getattr(inspect.getattr_static(type(function), "__call__", None), "__code__", None)
     return code if isinstance(code, CodeType) else None
-
-
-def _exit_status(code: Any) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
 
 
 def _redirect_output(pipes: WorkerPipes) -> None:
