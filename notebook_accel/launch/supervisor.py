@@ -369,7 +369,10 @@ class WorkerGroupBase:
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
                 self._deadline = deadline
-                self.poll_until(until=self._hang_due(self._settle_wake(settle_until) or deadline))
+                wake = settle_until  # the settle period ends, then the wait for a raised exit
+                if settle_until is not None and time.monotonic() >= settle_until:
+                    wake = settle_until + RAISED_EXIT_SECONDS
+                self.poll_until(until=self._hang_due(wake or deadline))
                 self.reap_unseen_exits()
                 if deadline is not None:
                     deadline += self._prompt_seconds
@@ -391,12 +394,6 @@ class WorkerGroupBase:
             w.error is not None and not w.ended and not w.in_post_mortem for w in self.workers
         )
         return not exiting or now >= settle_until + RAISED_EXIT_SECONDS
-
-    def _settle_wake(self, settle_until: float | None) -> float | None:
-        """When the wait for failures next needs a look (an exit wakes it sooner)."""
-        if settle_until is None or time.monotonic() < settle_until:
-            return settle_until
-        return settle_until + RAISED_EXIT_SECONDS
 
     # -- a run that makes no progress ------------------------------------------------
 
@@ -825,7 +822,7 @@ class WorkerGroup(WorkerGroupBase):
         # Listed before the workers go: their children are re-parented after.
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
-        descendants = _descendants([w.process.pid for w in alive])
+        descendants = _of_each([w.process.pid for w in alive], lambda p: p.children(recursive=True))
         end_processes([w.process for w in alive], TERMINATE_GRACE_SECONDS, KILL_REAP_SECONDS)
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
@@ -870,11 +867,12 @@ def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
     )
 
 
-def _descendants(pids: list[int]) -> list[psutil.Process]:
+def _of_each(pids: list[int], get: Callable[[psutil.Process], list[Any]]) -> list[Any]:
+    """`get(process)` of each of the processes `pids` that is still there, concatenated."""
     found = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            found += psutil.Process(pid).children(recursive=True)
+            found += get(psutil.Process(pid))
     return found
 
 
@@ -893,10 +891,5 @@ def write_before(fd: int, data: bytes, deadline: float) -> None:
 
 def connection_addresses(pids: list[int]) -> list[tuple[str, int]]:
     """The local address of every TCP connection the processes `pids` hold."""
-    found: set[tuple[str, int]] = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found.update(
-                (c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp")
-            )
-    return sorted(found)
+    connections = _of_each(pids, lambda process: process.net_connections("tcp"))
+    return sorted({(c.laddr.ip, c.laddr.port) for c in connections})
