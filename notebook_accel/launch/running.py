@@ -30,8 +30,6 @@ from notebook_accel.reporting.events import (
 from notebook_accel.reporting.observers import RunFeed, RunObserver
 from notebook_accel.reporting.report import RunReport
 
-# The report of the most recently started launch in this process (each run
-# has its own; this is only which one `last_run()` answers with).
 _last_run = RunReport()
 
 

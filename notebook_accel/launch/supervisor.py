@@ -177,6 +177,7 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
         raise KeyboardInterrupt("the run was stopped")
 
 
+@dataclass
 class FatalReport:
     """The Python stacks a worker's faulthandler writes to stderr as it crashes.
 
@@ -188,10 +189,8 @@ class FatalReport:
     START = "Fatal Python error:"
     END = "Extension modules:"
     MAX_LINES = 200
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._open = False
+    lines: list[str] = field(default_factory=list)
+    _open: bool = False
 
     def feed(self, line: str) -> None:
         """Look at one line of the worker's stderr."""
