@@ -355,9 +355,8 @@ class WorkerGroupBase:
         KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
-        own_stop = stop is not None and stop is not self.stop_signal
         self._progressed()  # a wait starts: what came before (an idle live group) is no hang
-        with self._listening_to(stop) if own_stop else contextlib.nullcontext():
+        with self._listening_to(stop) if stop is not None else contextlib.nullcontext():
             settle_until: float | None = None
             while not done():
                 if settle_until is not None and self._settled(settle_until):
@@ -613,8 +612,6 @@ class WorkerGroup(WorkerGroupBase):
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
         self._next_exit_check = 0.0
-        if stop is not None:
-            self._selector.register(stop.fileno(), selectors.EVENT_READ)
         self._pipes: dict[int, WorkerPipe] = {}
         self._sentinels: dict[int, SupervisedWorker] = {}
         self._stopped = False

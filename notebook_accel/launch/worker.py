@@ -146,9 +146,8 @@ def worker_main(
     for fd in inherited_fds:
         os.close(fd)
     _redirect_output(pipes)
-    # On the launcher's request (a run that makes no progress), every thread's stack to
-    # stderr: written from C, so it comes even from inside a collective that waits; and
-    # a note down the channel once there is one (launch/stacks.py).
+    # Every thread's stack to stderr on the launcher's request, and a note down the
+    # channel once there is one (launch/stacks.py says why and how).
     stack_requests = StackRequests(sys.stderr)
     rank, node = spec.global_rank(local_rank), str(spec.node_rank)
     os.environ.update(spec.environment)
