@@ -94,7 +94,7 @@ class AskInCell:
         except EOFError:  # input() wrote the prompt: end its line
             print(flush=True)
             raise InputUnavailable("this process's stdin is closed", shown=True) from None
-        except (KeyboardInterrupt, InputUnavailable):
+        except InputUnavailable:  # KeyboardInterrupt is no Exception: it passes too
             raise
         except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
             raise InputUnavailable(
@@ -253,13 +253,11 @@ def breakpoint_hook(*args: object, **kwargs: object) -> None:
     value names the debugger to call instead.
     """
     chosen = os.environ.get("PYTHONBREAKPOINT")
-    if chosen and chosen.startswith("ray.util.rpdb."):
-        # Set by Ray in every process of its own (a cluster node's agent), for its
-        # debugger of Ray tasks; a worker forked from the agent is not one.
-        chosen = None
     if chosen == "0":
         return
-    if chosen:
+    # ray.util.rpdb.* is set by Ray in every process of its own (a cluster node's agent),
+    # for its debugger of Ray tasks; a worker forked from the agent is not one.
+    if chosen and not chosen.startswith("ray.util.rpdb."):
         sys.__breakpointhook__(*args, **kwargs)
         return
     worker_pdb().set_trace(sys._getframe(1))

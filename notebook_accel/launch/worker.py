@@ -363,10 +363,9 @@ def _redirect_output(pipes: WorkerPipes) -> None:
     child must not use; logging handlers made earlier may still point at it.
     """
     old_streams = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
-    os.dup2(pipes.stdout, 1)
-    os.dup2(pipes.stderr, 2)
-    os.close(pipes.stdout)
-    os.close(pipes.stderr)
+    for fd, standard in ((pipes.stdout, 1), (pipes.stderr, 2)):
+        os.dup2(fd, standard)
+        os.close(fd)
     sys.stdout, sys.stderr = python_streams(pipes.python)
     # Installed afresh: in a process where faulthandler was already on (pytest, a
     # kernel), enable() only changes its file, and a crash handler a library installed
