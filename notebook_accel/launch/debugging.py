@@ -133,7 +133,7 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
     if deadline is not None and time.monotonic() >= deadline:
         raise InputUnavailable("the launch's timeout has passed")
     shown = False
-    if not _readable(fd, 0):  # no line there yet: say so, show the prompt, wait
+    if not select.select([fd], [], [], 0)[0]:  # no line there yet: say so, show the prompt, wait
         limit = (
             "it waits until one comes" if deadline is None else "the launch's timeout keeps running"
         )
@@ -148,7 +148,7 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
     line = bytearray()
     while not line.endswith(b"\n"):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not _readable(fd, remaining):
+        if not select.select([fd], [], [], remaining)[0]:
             print(flush=True)  # ends the prompt's line
             raise InputUnavailable(
                 "nobody answered on this process's stdin before the launch's timeout", shown
@@ -166,11 +166,6 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
         line += byte
     print(flush=True)  # nothing echoed the answer: the prompt's line ends here
     return line.decode(errors="replace").removesuffix("\n")
-
-
-def _readable(fd: int, seconds: float | None) -> bool:
-    readable, _, _ = select.select([fd], [], [], seconds)
-    return bool(readable)
 
 
 # -- the worker's side -------------------------------------------------------------------
