@@ -94,7 +94,7 @@ class AskInCell:
         except EOFError:  # input() wrote the prompt: end its line
             print(flush=True)
             raise InputUnavailable("this process's stdin is closed", shown=True) from None
-        except (KeyboardInterrupt, InputUnavailable):
+        except InputUnavailable:  # KeyboardInterrupt is no Exception: it passes too
             raise
         except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
             raise InputUnavailable(
@@ -133,7 +133,7 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
     if deadline is not None and time.monotonic() >= deadline:
         raise InputUnavailable("the launch's timeout has passed")
     shown = False
-    if not _readable(fd, 0):  # no line there yet: say so, show the prompt, wait
+    if not select.select([fd], [], [], 0)[0]:  # no line there yet: say so, show the prompt, wait
         limit = (
             "it waits until one comes" if deadline is None else "the launch's timeout keeps running"
         )
@@ -148,7 +148,7 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
     line = bytearray()
     while not line.endswith(b"\n"):
         remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-        if not _readable(fd, remaining):
+        if not select.select([fd], [], [], remaining)[0]:
             print(flush=True)  # ends the prompt's line
             raise InputUnavailable(
                 "nobody answered on this process's stdin before the launch's timeout", shown
@@ -166,11 +166,6 @@ def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:
         line += byte
     print(flush=True)  # nothing echoed the answer: the prompt's line ends here
     return line.decode(errors="replace").removesuffix("\n")
-
-
-def _readable(fd: int, seconds: float | None) -> bool:
-    readable, _, _ = select.select([fd], [], [], seconds)
-    return bool(readable)
 
 
 # -- the worker's side -------------------------------------------------------------------
@@ -253,13 +248,11 @@ def breakpoint_hook(*args: object, **kwargs: object) -> None:
     value names the debugger to call instead.
     """
     chosen = os.environ.get("PYTHONBREAKPOINT")
-    if chosen and chosen.startswith("ray.util.rpdb."):
-        # Set by Ray in every process of its own (a cluster node's agent), for its
-        # debugger of Ray tasks; a worker forked from the agent is not one.
-        chosen = None
     if chosen == "0":
         return
-    if chosen:
+    # ray.util.rpdb.* is set by Ray in every process of its own (a cluster node's agent),
+    # for its debugger of Ray tasks; a worker forked from the agent is not one.
+    if chosen and not chosen.startswith("ray.util.rpdb."):
         sys.__breakpointhook__(*args, **kwargs)
         return
     worker_pdb().set_trace(sys._getframe(1))

@@ -30,8 +30,6 @@ from notebook_accel.reporting.events import (
 from notebook_accel.reporting.observers import RunFeed, RunObserver
 from notebook_accel.reporting.report import RunReport
 
-# The report of the most recently started launch in this process (each run
-# has its own; this is only which one `last_run()` answers with).
 _last_run = RunReport()
 
 
@@ -57,8 +55,7 @@ def run_plan(
     (then KeyboardInterrupt is raised).
     """
     global _last_run
-    if report is None:
-        report = plan.new_report()
+    report = plan.new_report() if report is None else report
     if not report.started_at:
         report.started_at = time.time()
     _last_run = report
@@ -170,7 +167,6 @@ def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
             raise TimeoutError(
                 f"the run did not finish within timeout={plan.timeout} s; every worker was stopped"
             ) from None
-    raise AssertionError("unreachable")
 
 
 def _run_in_process(plan: LaunchPlan, emit: Emit) -> None:

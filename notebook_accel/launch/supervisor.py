@@ -166,7 +166,6 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
     except KeyboardInterrupt:
         raise
     except BaseException as error:
-        signal.signal(signal.SIGINT, previous)
         if catcher is not None and catcher.pressed:
             raise KeyboardInterrupt("the run was stopped") from error
         raise
@@ -178,6 +177,7 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
         raise KeyboardInterrupt("the run was stopped")
 
 
+@dataclass
 class FatalReport:
     """The Python stacks a worker's faulthandler writes to stderr as it crashes.
 
@@ -189,10 +189,8 @@ class FatalReport:
     START = "Fatal Python error:"
     END = "Extension modules:"
     MAX_LINES = 200
-
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._open = False
+    lines: list[str] = field(default_factory=list)
+    _open: bool = False
 
     def feed(self, line: str) -> None:
         """Look at one line of the worker's stderr."""
@@ -202,10 +200,6 @@ class FatalReport:
             self._open = False
         elif self._open:
             self.lines.append(line)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 @dataclass
@@ -361,9 +355,8 @@ class WorkerGroupBase:
         KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
-        own_stop = stop is not None and stop is not self.stop_signal
         self._progressed()  # a wait starts: what came before (an idle live group) is no hang
-        with self._listening_to(stop) if own_stop else contextlib.nullcontext():
+        with self._listening_to(stop) if stop is not None else contextlib.nullcontext():
             settle_until: float | None = None
             while not done():
                 if settle_until is not None and self._settled(settle_until):
@@ -374,7 +367,10 @@ class WorkerGroupBase:
                     self._explain_if_stuck()
                     raise KeyboardInterrupt("the run was stopped")
                 self._deadline = deadline
-                self.poll_until(until=self._hang_due(self._settle_wake(settle_until) or deadline))
+                wake = settle_until  # the settle period ends, then the wait for a raised exit
+                if settle_until is not None and time.monotonic() >= settle_until:
+                    wake = settle_until + RAISED_EXIT_SECONDS
+                self.poll_until(until=self._hang_due(wake or deadline))
                 self.reap_unseen_exits()
                 if deadline is not None:
                     deadline += self._prompt_seconds
@@ -397,20 +393,11 @@ class WorkerGroupBase:
         )
         return not exiting or now >= settle_until + RAISED_EXIT_SECONDS
 
-    def _settle_wake(self, settle_until: float | None) -> float | None:
-        """When the wait for failures next needs a look (an exit wakes it sooner)."""
-        if settle_until is None or time.monotonic() < settle_until:
-            return settle_until
-        return settle_until + RAISED_EXIT_SECONDS
-
     # -- a run that makes no progress ------------------------------------------------
 
     def _progressed(self) -> None:
         self._last_progress = time.monotonic()
         self._hang_explained = False
-
-    def _stalled_for(self) -> float:
-        return time.monotonic() - self._last_progress
 
     def _hang_due(self, until: float | None) -> float | None:
         """`until`, or sooner if the hang explanation falls due before it."""
@@ -420,9 +407,8 @@ class WorkerGroupBase:
         return due if until is None else min(until, due)
 
     def _explain_if_hung(self) -> None:
-        if self.hang_after is None or self._hang_explained:
-            return
-        if self._stalled_for() >= self.hang_after:
+        stalled = time.monotonic() - self._last_progress
+        if self.hang_after is not None and not self._hang_explained and stalled >= self.hang_after:
             self._hang_explained = True  # once per stall: any progress re-arms it
             self.explain_where(
                 f"no progress for {self.hang_after:g} s (no output, step or event from any "
@@ -430,9 +416,10 @@ class WorkerGroupBase:
             )
 
     def _explain_if_stuck(self) -> None:
-        if self._stalled_for() >= STUCK_ON_STOP_SECONDS:
+        stalled = time.monotonic() - self._last_progress
+        if stalled >= STUCK_ON_STOP_SECONDS:
             self.explain_where(
-                f"Stop pressed after {self._stalled_for():.0f} s without progress; before "
+                f"Stop pressed after {stalled:.0f} s without progress; before "
                 "the workers are stopped"
             )
 
@@ -455,7 +442,13 @@ class WorkerGroupBase:
                 deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
-        ended = {w.rank: _how_it_ended(w) for w in self.workers if w.ended}
+        ended = {
+            w.rank: "finished (exited with code 0)"
+            if w.exitcode == 0 and w.error is None and not w.lost
+            else _failure_of(w).how
+            for w in self.workers
+            if w.ended
+        }
         all_reducing = [
             w.rank for w in asked if w.stacks.note and w.stacks.note.gradient_all_reduce
         ]
@@ -619,8 +612,6 @@ class WorkerGroup(WorkerGroupBase):
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
         self._next_exit_check = 0.0
-        if stop is not None:
-            self._selector.register(stop.fileno(), selectors.EVENT_READ)
         self._pipes: dict[int, WorkerPipe] = {}
         self._sentinels: dict[int, SupervisedWorker] = {}
         self._stopped = False
@@ -643,31 +634,21 @@ class WorkerGroup(WorkerGroupBase):
                 spec_fd = ship(self.spec)  # pickled once, read by every worker
                 make = functools.partial(start, spec_fd)
             else:
-                make = functools.partial(self._forked, ForkContext())
+                context = ForkContext()
+
+                def make(local_rank: int, pipes: WorkerPipes, name: str) -> ForkedProcess:
+                    # The child must hold no read end of any pipe (its own, those of the
+                    # workers started before it, those of another launch), nor a socket or
+                    # janitor pipe of this process.
+                    args = (self.spec, local_rank, pipes, parent_only_fds(), os.getpid())
+                    return context.Process(target=worker_main, args=args, name=name, daemon=False)
+
             try:
                 for local_rank in self.local_ranks:
                     self._start_one(make, local_rank)
             finally:
                 if spec_fd is not None:
                     os.close(spec_fd)
-
-    def _forked(
-        self,
-        context: ForkContext,
-        local_rank: int,
-        pipes: WorkerPipes,
-        name: str,
-    ) -> ForkedProcess:
-        # The child must hold no read end of any pipe (its own, those of the
-        # workers started before it, those of another launch), nor a socket or
-        # janitor pipe of this process.
-        inherited = parent_only_fds()
-        return context.Process(
-            target=worker_main,
-            args=(self.spec, local_rank, pipes, inherited, os.getpid()),
-            name=name,
-            daemon=False,
-        )
 
     def _start_one(self, make: Callable[..., Any], local_rank: int) -> None:
         ours, theirs = WorkerPipes.open()
@@ -702,7 +683,12 @@ class WorkerGroup(WorkerGroupBase):
         """Handle what happens until `until` or the next memory sample, whichever is first."""
         wake_at = self._next_sample if until is None else min(until, self._next_sample)
         for key, _ in self._selector.select(max(0.0, wake_at - time.monotonic())):
-            self._handle(key.fd)
+            # An fd may have been closed earlier in the same batch of events.
+            if key.fd in self._sentinels:
+                self._selector.unregister(key.fd)
+                self._on_exit(self._sentinels.pop(key.fd))
+            elif key.fd in self._pipes:
+                self._drain(key.fd)
         if time.monotonic() >= self._next_sample:
             self._sample_resources()
 
@@ -727,14 +713,6 @@ class WorkerGroup(WorkerGroupBase):
                 if worker.exitcode is None:
                     rss = psutil.Process(worker.process.pid).memory_info().rss
                     self.emit(ResourceSample(worker.rank, rss))
-
-    def _handle(self, fd: int) -> None:
-        # An fd may have been closed earlier in the same batch of events.
-        if fd in self._sentinels:
-            self._selector.unregister(fd)
-            self._on_exit(self._sentinels.pop(fd))
-        elif fd in self._pipes:
-            self._drain(fd)
 
     def _drain(self, fd: int, last: bool = False) -> None:
         """Read what the pipe holds now; at its end, or when `last`, close it.
@@ -779,8 +757,11 @@ class WorkerGroup(WorkerGroupBase):
     ) -> list[WorkerPipe]:
         """Take what `worker`'s output pipes (and its channel, if `channel`) hold now;
         return those pipes. `last`: close them too (`_drain`)."""
-        pipes = {fd: p for fd, p in self._pipes.items() if p.worker is worker}
-        pipes = {fd: p for fd, p in pipes.items() if channel or p.stream != "channel"}
+        pipes = {
+            fd: p
+            for fd, p in self._pipes.items()
+            if p.worker is worker and (channel or p.stream != "channel")
+        }
         for fd in pipes:
             self._drain(fd, last)
         return list(pipes.values())
@@ -828,39 +809,34 @@ class WorkerGroup(WorkerGroupBase):
 
     def stop(self) -> None:
         with interrupts_deferred():
-            if self._stopped:
-                return
-            self._terminate()
-            self._stopped = True
+            if not self._stopped:
+                self._terminate()
+                self._stopped = True
 
     def _terminate(self) -> None:
         alive = [w for w in self.workers if w.process.exitcode is None]
         # Listed before the workers go: their children are re-parented after.
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
-        descendants = _descendants([w.process.pid for w in alive])
+        descendants = _of_each([w.process.pid for w in alive], lambda p: p.children(recursive=True))
         end_processes([w.process for w in alive], TERMINATE_GRACE_SECONDS, KILL_REAP_SECONDS)
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
         for worker in self.workers:
             kill_group(worker.process.pid, signal.SIGKILL)
         end_processes(map(OtherProcess, descendants), grace=0, reap=0, groups=False)
-        try:
-            self._collect_remains()
+        try:  # every worker's exit code and last output; then close the processes and pipes
+            for worker in self.workers:
+                if worker.exitcode is None:
+                    worker.exitcode = worker.process.exitcode
+                self.drain_output(worker, channel=True, last=True)
+                if worker.process.exitcode is not None:
+                    worker.process.close()
+            for fd in list(self._pipes):  # none should be left; close them all the same
+                self._close(fd)
         finally:  # whatever reading the last output raised, nothing of the run stays
             self._janitor.close()
             self._selector.close()
-
-    def _collect_remains(self) -> None:
-        """Every worker's exit code and last output; then close the processes and pipes."""
-        for worker in self.workers:
-            if worker.exitcode is None:
-                worker.exitcode = worker.process.exitcode
-            self.drain_output(worker, channel=True, last=True)
-            if worker.process.exitcode is not None:
-                worker.process.close()
-        for fd in list(self._pipes):  # none should be left; close them all the same
-            self._close(fd)
 
 
 def read_some(fd: int) -> bytes:
@@ -880,25 +856,19 @@ def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
     return WorkerFailure(
         rank=worker.rank,
         exitcode=worker.exitcode,
-        traceback=worker.error.traceback if worker.error else worker.fatal.text,
+        traceback=worker.error.traceback if worker.error else "".join(worker.fatal.lines),
         exception=worker.error.exception if worker.error else "",
         where=worker.where,
         lost=worker.lost,
     )
 
 
-def _how_it_ended(worker: SupervisedWorker) -> str:
-    failure = _failure_of(worker)
-    if worker.exitcode == 0 and not failure.exception and not failure.lost:
-        return "finished (exited with code 0)"
-    return failure.how
-
-
-def _descendants(pids: list[int]) -> list[psutil.Process]:
+def _of_each(pids: list[int], get: Callable[[psutil.Process], list[Any]]) -> list[Any]:
+    """`get(process)` of each of the processes `pids` that is still there, concatenated."""
     found = []
     for pid in pids:
         with contextlib.suppress(psutil.Error):
-            found += psutil.Process(pid).children(recursive=True)
+            found += get(psutil.Process(pid))
     return found
 
 
@@ -917,10 +887,5 @@ def write_before(fd: int, data: bytes, deadline: float) -> None:
 
 def connection_addresses(pids: list[int]) -> list[tuple[str, int]]:
     """The local address of every TCP connection the processes `pids` hold."""
-    found: set[tuple[str, int]] = set()
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found.update(
-                (c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections("tcp")
-            )
-    return sorted(found)
+    connections = _of_each(pids, lambda process: process.net_connections("tcp"))
+    return sorted({(c.laddr.ip, c.laddr.port) for c in connections})

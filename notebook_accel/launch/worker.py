@@ -146,9 +146,8 @@ def worker_main(
     for fd in inherited_fds:
         os.close(fd)
     _redirect_output(pipes)
-    # On the launcher's request (a run that makes no progress), every thread's stack to
-    # stderr: written from C, so it comes even from inside a collective that waits; and
-    # a note down the channel once there is one (launch/stacks.py).
+    # Every thread's stack to stderr on the launcher's request, and a note down the
+    # channel once there is one (launch/stacks.py says why and how).
     stack_requests = StackRequests(sys.stderr)
     rank, node = spec.global_rank(local_rank), str(spec.node_rank)
     os.environ.update(spec.environment)
@@ -216,9 +215,18 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
         _send_peak_resources(channel, rank)
         if spec.returns_value(rank):
             _send_result(channel, rank, value)
-        _barrier_before_exit()
-    except SystemExit as stop:
-        exitcode = _exit_status(stop.code)
+        # Every rank finishes its last collective before any of them exits: exiting tears
+        # down the sockets, and a peer still reading the last message of a collective
+        # would see "connection reset" instead of its data.
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            dist.barrier()
+    except SystemExit as stop:  # as Python exits: None is 0, what is no int is printed, 1
+        exitcode = 0 if stop.code is None else stop.code
+        if not isinstance(exitcode, int):
+            print(exitcode, file=sys.stderr)
+            exitcode = 1
         if exitcode:
             _send_error(channel, rank, stop, spec.function)
         return exitcode
@@ -347,27 +355,6 @@ def _code_of(function: Callable[..., Any]) -> CodeType | None:
     return code if isinstance(code, CodeType) else None
 
 
-def _exit_status(code: Any) -> int:
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code
-    print(code, file=sys.stderr)
-    return 1
-
-
-def _barrier_before_exit() -> None:
-    """Let every rank finish its last collective before any of them exits.
-
-    Exiting tears down the sockets; a peer still reading the last message of a
-    collective would see "connection reset" instead of its data.
-    """
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def _redirect_output(pipes: WorkerPipes) -> None:
     """Point fd 1 and 2 at the launcher's pipes and sys.stdout/stderr at the pipe
     they share (launch/output_pipes.py).
@@ -376,10 +363,9 @@ def _redirect_output(pipes: WorkerPipes) -> None:
     child must not use; logging handlers made earlier may still point at it.
     """
     old_streams = {id(sys.stdout): "stdout", id(sys.stderr): "stderr"}
-    os.dup2(pipes.stdout, 1)
-    os.dup2(pipes.stderr, 2)
-    os.close(pipes.stdout)
-    os.close(pipes.stderr)
+    for fd, standard in ((pipes.stdout, 1), (pipes.stderr, 2)):
+        os.dup2(fd, standard)
+        os.close(fd)
     sys.stdout, sys.stderr = python_streams(pipes.python)
     # Installed afresh: in a process where faulthandler was already on (pytest, a
     # kernel), enable() only changes its file, and a crash handler a library installed
