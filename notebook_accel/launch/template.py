@@ -8,7 +8,7 @@ launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
-The kernel asks it over a Unix socketpair (launch/template_messages.py) to:
+The kernel asks it over a Unix socketpair (messages in launch/template_server.py) to:
 
 - fork: with the worker's descriptors (the spec `fresh.ship` wrote, its
   WorkerPipes) and an in-memory file with the kernel's current os.environ,
@@ -64,7 +64,7 @@ from typing import Any
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
 from notebook_accel.launch.processes import bootstrap, start_interpreter
-from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
+from notebook_accel.launch.template_server import EXIT_SECONDS, close_all, receive, send
 
 # Importing torch in a fresh interpreter takes about 2 s; far longer on a busy machine.
 START_SECONDS = 120.0
@@ -166,7 +166,9 @@ class TemplateProcess(FreshProcess):
     def close(self) -> None:
         """Release the sentinel (after it has exited); once."""
         if self._template is not None and self.sentinel >= 0:
-            _release(self._template, self._worker)
+            with _STATE.lock:
+                self._template.forget(self._worker)
+                _close_unused()
         super().close()
 
 
@@ -306,12 +308,6 @@ def _template_for_launch() -> _Template:
     return current
 
 
-def _release(template: _Template, worker: int) -> None:
-    with _STATE.lock:
-        template.forget(worker)
-        _close_unused()
-
-
 def _close_unused() -> None:
     """Close the retired templates whose workers have all ended (call with the lock held)."""
     for template in [t for t in _STATE.retired if t.users == 0]:
@@ -386,13 +382,11 @@ class _Template:
         self.status = TemplateStatus()
         self.users = 0  # workers forked from it and not closed yet
         self.gone = False  # its socket closed: it exited
-        self._retired: str | None = None  # why it takes no more workers
         self._sock: socket.socket | None = None
         self._popen: subprocess.Popen | None = None
         self._release: threading.Event | None = None
         self._stderr = -1
         self._ready = False
-        self._unusable: str | None = None
         self._ids = itertools.count()
         self._answers: dict[int, tuple[dict, list[int]]] = {}
         self._exits: dict[int, int] = {}  # worker number -> exit status
@@ -420,7 +414,7 @@ class _Template:
             code = None
             with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
                 code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
-            why = self._unusable or (
+            why = self.status.problem or (
                 f"it was not ready within {START_SECONDS:.0f} s"
                 if code is None
                 else f"it exited with code {code}"
@@ -474,7 +468,7 @@ class _Template:
             return f"the template process had exited (code {code})"
         if self.gone:
             return "the template process had exited"
-        return self._retired
+        return self.status.problem
 
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
@@ -488,9 +482,7 @@ class _Template:
         close_all(received)
         if answer["kind"] == "failed":
             raise OSError(f"the template process could not fork a worker: {answer['error']}")
-        why = answer.get("reason") or "it refused the worker"
-        self._retire(why)
-        raise TemplateUnavailable(why)
+        raise self._retire(answer.get("reason") or "it refused the worker")
 
     def preload(self, modules: dict[str, str | None]) -> None:
         """Send modules to import (in messages of a bounded size)."""
@@ -507,13 +499,11 @@ class _Template:
         with self._cond:
             if request in self._answers:
                 return self._answers.pop(request)
-        why = (
+        raise self._retire(
             "the template process exited"
             if self.gone
             else f"the template process did not answer within {ANSWER_SECONDS:.0f} s"
         )
-        self._retire(why)
-        raise TemplateUnavailable(why)
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
         deadline = time.monotonic() + ANSWER_SECONDS
@@ -533,15 +523,15 @@ class _Template:
                 except OSError as error:  # it died
                     self._retire(f"the template process exited ({error})")
                     raise TemplateUnavailable("the template process exited") from error
-        why = f"the template process did not take a request within {ANSWER_SECONDS:.0f} s"
-        self._retire(why)
-        raise TemplateUnavailable(why)
+        raise self._retire(
+            f"the template process did not take a request within {ANSWER_SECONDS:.0f} s"
+        )
 
-    def _retire(self, why: str) -> None:
-        if self._retired is None:
-            self._retired = why
-            if self.status.problem is None:
-                self.status.problem = why
+    def _retire(self, why: str) -> TemplateUnavailable:
+        """Take no more workers (the first reason is kept); the error that says `why`."""
+        if self.status.problem is None:
+            self.status.problem = why
+        return TemplateUnavailable(why)
 
     def exitcode_of(self, worker: int, pidfd: int, timeout: float | None) -> int | None:
         """The exit status of the worker numbered `worker`, waiting at most `timeout`
@@ -624,7 +614,7 @@ class _Template:
         elif kind == "ready":
             self._ready = True
         elif kind == "unusable":
-            self._unusable = message["reason"]
+            self._retire(message["reason"])
         elif kind == "warmed":
             status.warmed.append(message["module"])
             status.warm_seconds += message["seconds"]
