@@ -588,13 +588,9 @@ class _Template:
 
     def _receive(self, timeout: float | None) -> list[tuple[dict, list[int]]]:
         """Wait up to `timeout` for the socket, then read every message it holds."""
-        sock = self._sock
-        if sock is None:
-            self.gone = True
-            return []
         try:
-            select.select([sock], [], [], timeout)
-            received, closed = receive(sock)
+            select.select([self._sock], [], [], timeout)
+            received, closed = receive(self._sock)
         except (OSError, ValueError):  # closed or reset: it is gone
             received, closed = [], True
         if closed:  # it exited
