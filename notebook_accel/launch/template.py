@@ -8,29 +8,20 @@ launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
-The kernel asks it over a Unix socketpair (messages in launch/template_server.py) to:
-
-- fork: with the worker's descriptors (the spec `fresh.ship` wrote, its
-  WorkerPipes) and an in-memory file with the kernel's current os.environ,
-  working directory, sys.path and torch's CPU random state, which a forked
-  worker would have (variables torch reads when imported keep the value they
-  had when the template started, as in a forked worker). The child leads a
-  process group of its own, takes those, and runs `fresh.run_shipped`, dying
-  with the template. The answer: its pid and a pidfd opened before the
-  template could reap it (the supervisor's sentinel, free of pid-reuse races);
-  its exit status (`Popen.returncode` convention) follows once it is reaped.
-- preload: import modules for the workers (`preload`), filtered as warming
-  filters them (`warm.choose`), with every device runtime's start refused,
-  between launches and before a launch's first fork. If a device runtime
-  started anyway, or a thread (a fork copies only the forking thread), the
-  template stops warming and refuses further workers: the launch starts a new one.
+Over a Unix socketpair (launch/template_server.py is its side) the kernel asks
+it to fork a worker, handing it the worker's descriptors and the kernel's
+current os.environ, working directory, sys.path and torch's CPU random state,
+which a forked worker would have (variables torch reads when imported keep the
+value they had when the template started, as in a forked worker); or to import
+modules for later workers (`preload`). The answer to a fork is the worker's pid
+and a pidfd opened before the template could reap it (the supervisor's
+sentinel, free of pid-reuse races); its exit status follows once it is reaped.
 
 The template exits, ending its workers, when its socket closes
 (`shutdown_template()`, also at exit, or the kernel's exit). If the kernel
-dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG, set by the
-template itself; it is started from a thread that lives as long as it does, as
-that signal follows the thread that started a process), and its workers with
-it. The launch's janitor (launch/forking.py) still ends every worker's group.
+dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG), and its
+workers with it. The launch's janitor (launch/forking.py) still ends every
+worker's group.
 
 If no template can be used (it cannot start, or a new one fails again right
 after the previous one died), the launch does not fail: its workers, and those
