@@ -376,7 +376,6 @@ class _Template:
         self._sock: socket.socket | None = None
         self._popen: subprocess.Popen | None = None
         self._release: threading.Event | None = None
-        self._stderr = -1
         self._ready = False
         self._ids = itertools.count()
         self._answers: dict[int, tuple[dict, list[int]]] = {}
@@ -391,31 +390,31 @@ class _Template:
         self._sock = ours
         parent_only(ours.fileno())  # a worker forked from this process must not hold it
         # Its errors land here: read back for the message if it cannot start.
-        self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
+        stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
         started = time.perf_counter()
         try:
-            self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), self._stderr)
+            with contextlib.closing(theirs):
+                self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), stderr)
+            self.status.pid = self._popen.pid
+            if not self._wait_for(lambda: self._ready, START_SECONDS):
+                code = None
+                with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
+                    code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
+                why = self.status.problem or (
+                    f"it was not ready within {START_SECONDS:.0f} s"
+                    if code is None
+                    else f"it exited with code {code}"
+                )
+                tail = read_all(stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
+                raise TemplateUnavailable(
+                    f"the template process could not start: {why}"
+                    + (f"; it wrote:\n{tail}" if tail else "")
+                )
         except TemplateUnavailable:
             self.close()
             raise
         finally:
-            theirs.close()
-        self.status.pid = self._popen.pid
-        if not self._wait_for(lambda: self._ready, START_SECONDS):
-            code = None
-            with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
-                code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
-            why = self.status.problem or (
-                f"it was not ready within {START_SECONDS:.0f} s"
-                if code is None
-                else f"it exited with code {code}"
-            )
-            tail = read_all(self._stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
-            self.close()
-            raise TemplateUnavailable(
-                f"the template process could not start: {why}"
-                + (f"; it wrote:\n{tail}" if tail else "")
-            )
+            os.close(stderr)
         self.status.start_seconds = time.perf_counter() - started
 
     def close(self) -> None:
@@ -440,9 +439,6 @@ class _Template:
                 self._popen.wait()  # SIGKILL ends it at once
         if self._release is not None:
             self._release.set()
-        if self._stderr >= 0:
-            os.close(self._stderr)
-            self._stderr = -1
         self.status.pid = None
 
     def abandon(self) -> None:
