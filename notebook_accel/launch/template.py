@@ -35,7 +35,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import dataclasses
+import copy
 import importlib.util
 import itertools
 import os
@@ -193,8 +193,7 @@ def template_status() -> TemplateStatus:
     if current is None:
         return TemplateStatus(problem=broken, replaced=replaced)
     current.poll()
-    status = current.status
-    return dataclasses.replace(status, warmed=list(status.warmed), skipped=dict(status.skipped))
+    return copy.deepcopy(current.status)
 
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -259,8 +258,7 @@ atexit.register(shutdown_template)
 
 
 def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
-    """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
-    found dead is replaced once."""
+    """Fork a worker with `fds`: (template, pid, pidfd, number); a dead one is replaced once."""
     try:
         template = _template_for_launch()
         return template, *template.fork(fds, local_rank)

@@ -26,7 +26,6 @@ import sys
 import time
 import traceback
 from collections.abc import Iterable
-from dataclasses import fields
 from typing import Any, NoReturn
 
 from notebook_accel.launch.channel import WorkerPipes
@@ -149,10 +148,9 @@ class _Server:
         deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
-        if self.stopped is not None or len(fds) != 2 + len(fields(WorkerPipes)):
+        if self.stopped is not None:
             close_all(fds)
-            reason = self.stopped or f"a request came with {len(fds)} descriptors"
-            self._send({"kind": "refused", "id": message["id"], "reason": reason})
+            self._send({"kind": "refused", "id": message["id"], "reason": self.stopped})
             return
         try:
             pid = os.fork()

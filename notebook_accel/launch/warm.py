@@ -172,9 +172,8 @@ class RunWarmer:
 
 
 def _import_next(credit: Warming) -> bool:
-    """Import the first module still queued, crediting its time to `credit`; False when
-    the queue is empty or warming stopped. The launches whose queues it empties are done.
-    """
+    """Import the first module queued, crediting its time to `credit`; False when the queue
+    is empty or warming stopped. The launches whose queues it empties are done."""
     queued = _PROCESS.queued  # each with something pending
     if not queued or _PROCESS.stopped is not None:
         return False
@@ -235,9 +234,8 @@ def _deferred_step() -> None:
 
 
 def _schedule_on_kernel_loop() -> bool:
-    """Have the Jupyter kernel's main-thread event loop import the queue when it is free
-    (between cells), one module per callback; False outside a kernel. Safe from any thread.
-    """
+    """Have the Jupyter kernel's event loop import the queue between cells (from any thread);
+    False outside a kernel."""
     if _PROCESS.loop_scheduled or "ipykernel" not in sys.modules:  # never import IPython
         return _PROCESS.loop_scheduled
     with contextlib.suppress(Exception):  # a kernel without the loop we know
