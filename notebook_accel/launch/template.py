@@ -36,6 +36,7 @@ import atexit
 import concurrent.futures
 import contextlib
 import copy
+import dataclasses
 import importlib.util
 import itertools
 import os
@@ -141,21 +142,18 @@ class TemplateProcess(FreshProcess):
 
     @property
     def exitcode(self) -> int | None:
-        """The exit status once it has exited (minus the signal's number if killed)."""
         if self._template is None:
             return super().exitcode
         self.join(0.0)
         return self._exitcode
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait at most `timeout` seconds for it to exit."""
         if self._template is None:
             super().join(timeout)
         elif self._exitcode is None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
 
     def close(self) -> None:
-        """Release the sentinel (after it has exited); once."""
         if self._template is not None and self.sentinel >= 0:
             with _STATE.lock:
                 self._template.forget(self._worker)
@@ -193,7 +191,7 @@ def template_status() -> TemplateStatus:
     if current is None:
         return TemplateStatus(problem=broken, replaced=replaced)
     current.poll()
-    return copy.deepcopy(current.status)
+    return dataclasses.replace(copy.deepcopy(current.status), replaced=replaced)
 
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -288,7 +286,6 @@ def _template_for_launch() -> _Template:
         except TemplateUnavailable as error:
             _STATE.broken = str(error)
             raise
-        current.status.replaced = _STATE.replaced
         _STATE.current = current
         wanted = {n: o for n, o in _STATE.wanted.items() if n not in _STATE.refused}
     if wanted:

@@ -322,12 +322,11 @@ def _installed_roots() -> tuple[str, ...]:
     """Directories of the standard library and of installed packages, notebook_accel's own."""
     paths = sysconfig.get_paths()
     roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    roots += site.getsitepackages()
     roots.append(site.getusersitepackages())
     roots.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    found = {os.path.join(os.path.abspath(r), "") for r in roots if r}
-    found |= {os.path.join(os.path.realpath(r), "") for r in roots if r}
-    return tuple(sorted(found))
+    real = (os.path.abspath, os.path.realpath)
+    return tuple(sorted({os.path.join(path(r), "") for r in roots if r for path in real}))
 
 
 @dataclass
