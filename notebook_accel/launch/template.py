@@ -126,9 +126,13 @@ class TemplateProcess(FreshProcess):
         context_fd = _kernel_context()
         fds = [self._spec_fd, context_fd, *self._pipes.fds()]
         try:
-            self._template, self.pid, self.sentinel, self._worker = _fork_from_template(
-                fds, self._local_rank
-            )
+            try:
+                template = _template_for_launch()
+                self.pid, self.sentinel, self._worker = template.fork(fds, self._local_rank)
+            except TemplateUnavailable:  # found dead: replaced once
+                template = _template_for_launch()
+                self.pid, self.sentinel, self._worker = template.fork(fds, self._local_rank)
+            self._template = template
         except TemplateUnavailable as error:
             warnings.warn(
                 f"The workers start in fresh interpreters instead (about 1.5 s slower each "
@@ -172,11 +176,8 @@ def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
     """
     wanted = dict((item, _origin(item)) if isinstance(item, str) else item for item in modules)
     with _STATE.lock:
-        new = {
-            name: origin
-            for name, origin in wanted.items()
-            if name not in _STATE.wanted and name not in _STATE.refused
-        }
+        known = _STATE.wanted.keys() | _STATE.refused
+        new = {name: origin for name, origin in wanted.items() if name not in known}
         _STATE.wanted.update(new)
         current = _STATE.current
     if current is not None and new:
@@ -253,16 +254,6 @@ def _forget_in_child() -> None:
 
 os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(shutdown_template)
-
-
-def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
-    """Fork a worker with `fds`: (template, pid, pidfd, number); a dead one is replaced once."""
-    try:
-        template = _template_for_launch()
-        return template, *template.fork(fds, local_rank)
-    except TemplateUnavailable:
-        template = _template_for_launch()
-        return template, *template.fork(fds, local_rank)
 
 
 def _template_for_launch() -> _Template:
