@@ -46,8 +46,6 @@ EXIT_SECONDS = 5.0
 _MESSAGE_BYTES = 1 << 20
 _MAX_FDS = 8
 _RECEIVE_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_CMSG_CLOEXEC", 0)
-# How long a launch's first worker may wait for queued modules to be imported
-# (the rest follow between launches).
 PRELOAD_BEFORE_FORK_SECONDS = 20.0
 
 
@@ -87,8 +85,7 @@ class _Server:
         self.threads = 0
 
     def run(self) -> None:
-        """Import what workers need, say so, serve until the kernel closes the socket,
-        end the workers."""
+        """Import what workers need, then serve the kernel until it closes the socket."""
         import torch  # noqa: F401 - every worker imports it: forked, they have it
 
         import notebook_accel.launch.worker  # noqa: F401 - the workers' own code
