@@ -35,7 +35,6 @@ from __future__ import annotations
 import atexit
 import concurrent.futures
 import contextlib
-import copy
 import dataclasses
 import importlib.util
 import itertools
@@ -192,7 +191,10 @@ def template_status() -> TemplateStatus:
     if current is None:
         return TemplateStatus(problem=broken, replaced=replaced)
     current.poll()
-    return dataclasses.replace(copy.deepcopy(current.status), replaced=replaced)
+    status = current.status  # its lists are copied at once: a reading thread may extend them
+    return dataclasses.replace(
+        status, warmed=list(status.warmed), skipped=dict(status.skipped), replaced=replaced
+    )
 
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
