@@ -32,10 +32,6 @@ PYTHON_PIPE = "python"
 _FRAME_HEADER = struct.Struct("<BH")
 MAX_FRAME_PAYLOAD = select.PIPE_BUF - _FRAME_HEADER.size
 _STREAM_IDS = {STDOUT: 1, STDERR: 2}
-_STREAM_NAMES = {number: name for name, number in _STREAM_IDS.items()}
-
-
-# -- the worker's side -------------------------------------------------------------------
 
 
 class _FramedStream(io.RawIOBase):
@@ -74,11 +70,8 @@ def python_streams(pipe_fd: int) -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
     )
 
 
-# -- the launching process's side --------------------------------------------------------
-
-
 class StreamLines:
-    """The lines of one of a worker's descriptors (1 or 2), as (stream, line) pairs."""
+    """The launcher's lines of one of a worker's descriptors (1 or 2): (stream, line) pairs."""
 
     def __init__(self, stream: str) -> None:
         self.stream = stream
@@ -107,19 +100,19 @@ class FramedLines:
 
     def __init__(self) -> None:
         self._buffer = bytearray()
-        self._lines = {STDOUT: StreamLines(STDOUT), STDERR: StreamLines(STDERR)}
+        self._lines = {number: StreamLines(name) for name, number in _STREAM_IDS.items()}
 
     def feed(self, data: bytes) -> list[tuple[str, str]]:
         """Take the next bytes; return the lines the whole frames among them complete."""
         self._buffer += data
         lines: list[tuple[str, str]] = []
         for (stream_id,), payload in take_frames(self._buffer, _FRAME_HEADER):
-            lines += self._lines[_STREAM_NAMES[stream_id]].feed(payload)
+            lines += self._lines[stream_id].feed(payload)
         return lines
 
     def take_partial(self, stream: str) -> str:
         """The partial last line of `stream` (a prompt is stdout's), taken out."""
-        return self._lines[stream].take_partial(stream)
+        return self._lines[_STREAM_IDS[stream]].take_partial(stream)
 
     def flush(self) -> list[tuple[str, str]]:
         """Each stream's partial last line, if any, with a newline added."""

@@ -8,29 +8,20 @@ launch and of every later one.
 
 The template is started with `subprocess` (an exec: nothing of the kernel's
 runtime comes along) and never initialises CUDA or another device runtime.
-The kernel asks it over a Unix socketpair (launch/template_messages.py) to:
-
-- fork: with the worker's descriptors (the spec `fresh.ship` wrote, its
-  WorkerPipes) and an in-memory file with the kernel's current os.environ,
-  working directory, sys.path and torch's CPU random state, which a forked
-  worker would have (variables torch reads when imported keep the value they
-  had when the template started, as in a forked worker). The child leads a
-  process group of its own, takes those, and runs `fresh.run_shipped`, dying
-  with the template. The answer: its pid and a pidfd opened before the
-  template could reap it (the supervisor's sentinel, free of pid-reuse races);
-  its exit status (`Popen.returncode` convention) follows once it is reaped.
-- preload: import modules for the workers (`preload`), filtered as warming
-  filters them (`warm.choose`), with every device runtime's start refused,
-  between launches and before a launch's first fork. If a device runtime
-  started anyway, or a thread (a fork copies only the forking thread), the
-  template stops warming and refuses further workers: the launch starts a new one.
+Over a Unix socketpair (launch/template_server.py is its side) the kernel asks
+it to fork a worker, handing it the worker's descriptors and the kernel's
+current os.environ, working directory, sys.path and torch's CPU random state,
+which a forked worker would have (variables torch reads when imported keep the
+value they had when the template started, as in a forked worker); or to import
+modules for later workers (`preload`). The answer to a fork is the worker's pid
+and a pidfd opened before the template could reap it (the supervisor's
+sentinel, free of pid-reuse races); its exit status follows once it is reaped.
 
 The template exits, ending its workers, when its socket closes
 (`shutdown_template()`, also at exit, or the kernel's exit). If the kernel
-dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG, set by the
-template itself; it is started from a thread that lives as long as it does, as
-that signal follows the thread that started a process), and its workers with
-it. The launch's janitor (launch/forking.py) still ends every worker's group.
+dies, even by SIGKILL, Linux kills the template (PR_SET_PDEATHSIG), and its
+workers with it. The launch's janitor (launch/forking.py) still ends every
+worker's group.
 
 If no template can be used (it cannot start, or a new one fails again right
 after the previous one died), the launch does not fail: its workers, and those
@@ -64,7 +55,7 @@ from typing import Any
 from notebook_accel.launch.forking import forget_parent_only, parent_only
 from notebook_accel.launch.fresh import FreshProcess, in_memory_file, read_all
 from notebook_accel.launch.processes import bootstrap, start_interpreter
-from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
+from notebook_accel.launch.template_server import EXIT_SECONDS, close_all, receive, send
 
 # Importing torch in a fresh interpreter takes about 2 s; far longer on a busy machine.
 START_SECONDS = 120.0
@@ -134,9 +125,13 @@ class TemplateProcess(FreshProcess):
         context_fd = _kernel_context()
         fds = [self._spec_fd, context_fd, *self._pipes.fds()]
         try:
-            self._template, self.pid, self.sentinel, self._worker = _fork_from_template(
-                fds, self._local_rank
-            )
+            try:
+                template = _template_for_launch()
+                self.pid, self.sentinel, self._worker = template.fork(fds, self._local_rank)
+            except TemplateUnavailable:  # found dead: replaced once
+                template = _template_for_launch()
+                self.pid, self.sentinel, self._worker = template.fork(fds, self._local_rank)
+            self._template = template
         except TemplateUnavailable as error:
             warnings.warn(
                 f"The workers start in fresh interpreters instead (about 1.5 s slower each "
@@ -150,23 +145,22 @@ class TemplateProcess(FreshProcess):
 
     @property
     def exitcode(self) -> int | None:
-        """The exit status once it has exited (minus the signal's number if killed)."""
         if self._template is None:
             return super().exitcode
         self.join(0.0)
         return self._exitcode
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait at most `timeout` seconds for it to exit."""
         if self._template is None:
             super().join(timeout)
         elif self._exitcode is None and self.sentinel >= 0:
             self._exitcode = self._template.exitcode_of(self._worker, self.sentinel, timeout)
 
     def close(self) -> None:
-        """Release the sentinel (after it has exited); once."""
         if self._template is not None and self.sentinel >= 0:
-            _release(self._template, self._worker)
+            with _STATE.lock:
+                self._template.forget(self._worker)
+                _close_unused()
         super().close()
 
 
@@ -181,11 +175,8 @@ def preload(modules: Iterable[str | tuple[str, str | None]]) -> None:
     """
     wanted = dict((item, _origin(item)) if isinstance(item, str) else item for item in modules)
     with _STATE.lock:
-        new = {
-            name: origin
-            for name, origin in wanted.items()
-            if name not in _STATE.wanted and name not in _STATE.refused
-        }
+        known = _STATE.wanted.keys() | _STATE.refused
+        new = {name: origin for name, origin in wanted.items() if name not in known}
         _STATE.wanted.update(new)
         current = _STATE.current
     if current is not None and new:
@@ -200,8 +191,10 @@ def template_status() -> TemplateStatus:
     if current is None:
         return TemplateStatus(problem=broken, replaced=replaced)
     current.poll()
-    status = current.status
-    return dataclasses.replace(status, warmed=list(status.warmed), skipped=dict(status.skipped))
+    status = current.status  # its lists are copied at once: a reading thread may extend them
+    return dataclasses.replace(
+        status, warmed=list(status.warmed), skipped=dict(status.skipped), replaced=replaced
+    )
 
 
 def probe(modules: Iterable[str] = ()) -> dict[str, Any] | None:
@@ -265,17 +258,6 @@ os.register_at_fork(after_in_child=_forget_in_child)
 atexit.register(shutdown_template)
 
 
-def _fork_from_template(fds: list[int], local_rank: int) -> tuple[_Template, int, int, int]:
-    """(template, pid, pidfd, worker number) of a worker forked with `fds`; a template
-    found dead is replaced once."""
-    try:
-        template = _template_for_launch()
-        return template, *template.fork(fds, local_rank)
-    except TemplateUnavailable:
-        template = _template_for_launch()
-        return template, *template.fork(fds, local_rank)
-
-
 def _template_for_launch() -> _Template:
     """The running template, or a new one if there is none (or it died, or retired)."""
     with _STATE.lock:
@@ -297,19 +279,12 @@ def _template_for_launch() -> _Template:
         except TemplateUnavailable as error:
             _STATE.broken = str(error)
             raise
-        current.status.replaced = _STATE.replaced
         _STATE.current = current
         wanted = {n: o for n, o in _STATE.wanted.items() if n not in _STATE.refused}
     if wanted:
         with contextlib.suppress(TemplateUnavailable):  # then the fork finds it gone too
             current.preload(wanted)
     return current
-
-
-def _release(template: _Template, worker: int) -> None:
-    with _STATE.lock:
-        template.forget(worker)
-        _close_unused()
 
 
 def _close_unused() -> None:
@@ -386,13 +361,10 @@ class _Template:
         self.status = TemplateStatus()
         self.users = 0  # workers forked from it and not closed yet
         self.gone = False  # its socket closed: it exited
-        self._retired: str | None = None  # why it takes no more workers
         self._sock: socket.socket | None = None
         self._popen: subprocess.Popen | None = None
         self._release: threading.Event | None = None
-        self._stderr = -1
         self._ready = False
-        self._unusable: str | None = None
         self._ids = itertools.count()
         self._answers: dict[int, tuple[dict, list[int]]] = {}
         self._exits: dict[int, int] = {}  # worker number -> exit status
@@ -406,31 +378,31 @@ class _Template:
         self._sock = ours
         parent_only(ours.fileno())  # a worker forked from this process must not hold it
         # Its errors land here: read back for the message if it cannot start.
-        self._stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
+        stderr = os.memfd_create("notebook_accel-template-stderr", os.MFD_CLOEXEC)
         started = time.perf_counter()
         try:
-            self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), self._stderr)
+            with contextlib.closing(theirs):
+                self._popen, self._release = _start_from_lasting_thread(theirs.fileno(), stderr)
+            self.status.pid = self._popen.pid
+            if not self._wait_for(lambda: self._ready, START_SECONDS):
+                code = None
+                with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
+                    code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
+                why = self.status.problem or (
+                    f"it was not ready within {START_SECONDS:.0f} s"
+                    if code is None
+                    else f"it exited with code {code}"
+                )
+                tail = read_all(stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
+                raise TemplateUnavailable(
+                    f"the template process could not start: {why}"
+                    + (f"; it wrote:\n{tail}" if tail else "")
+                )
         except TemplateUnavailable:
             self.close()
             raise
         finally:
-            theirs.close()
-        self.status.pid = self._popen.pid
-        if not self._wait_for(lambda: self._ready, START_SECONDS):
-            code = None
-            with contextlib.suppress(subprocess.TimeoutExpired):  # its socket closes first
-                code = self._popen.wait(EXIT_SECONDS if self.gone else 0)
-            why = self._unusable or (
-                f"it was not ready within {START_SECONDS:.0f} s"
-                if code is None
-                else f"it exited with code {code}"
-            )
-            tail = read_all(self._stderr).decode(errors="replace").strip()[-_STDERR_TAIL:]
-            self.close()
-            raise TemplateUnavailable(
-                f"the template process could not start: {why}"
-                + (f"; it wrote:\n{tail}" if tail else "")
-            )
+            os.close(stderr)
         self.status.start_seconds = time.perf_counter() - started
 
     def close(self) -> None:
@@ -455,9 +427,6 @@ class _Template:
                 self._popen.wait()  # SIGKILL ends it at once
         if self._release is not None:
             self._release.set()
-        if self._stderr >= 0:
-            os.close(self._stderr)
-            self._stderr = -1
         self.status.pid = None
 
     def abandon(self) -> None:
@@ -474,7 +443,7 @@ class _Template:
             return f"the template process had exited (code {code})"
         if self.gone:
             return "the template process had exited"
-        return self._retired
+        return self.status.problem
 
     def fork(self, fds: list[int], local_rank: int) -> tuple[int, int, int]:
         """Have it fork a worker with `fds`: (pid, pidfd, worker number). TemplateUnavailable
@@ -488,9 +457,7 @@ class _Template:
         close_all(received)
         if answer["kind"] == "failed":
             raise OSError(f"the template process could not fork a worker: {answer['error']}")
-        why = answer.get("reason") or "it refused the worker"
-        self._retire(why)
-        raise TemplateUnavailable(why)
+        raise self._retire(answer.get("reason") or "it refused the worker")
 
     def preload(self, modules: dict[str, str | None]) -> None:
         """Send modules to import (in messages of a bounded size)."""
@@ -507,13 +474,11 @@ class _Template:
         with self._cond:
             if request in self._answers:
                 return self._answers.pop(request)
-        why = (
+        raise self._retire(
             "the template process exited"
             if self.gone
             else f"the template process did not answer within {ANSWER_SECONDS:.0f} s"
         )
-        self._retire(why)
-        raise TemplateUnavailable(why)
 
     def _send(self, message: dict, fds: list[int] | tuple = ()) -> None:
         deadline = time.monotonic() + ANSWER_SECONDS
@@ -533,15 +498,15 @@ class _Template:
                 except OSError as error:  # it died
                     self._retire(f"the template process exited ({error})")
                     raise TemplateUnavailable("the template process exited") from error
-        why = f"the template process did not take a request within {ANSWER_SECONDS:.0f} s"
-        self._retire(why)
-        raise TemplateUnavailable(why)
+        raise self._retire(
+            f"the template process did not take a request within {ANSWER_SECONDS:.0f} s"
+        )
 
-    def _retire(self, why: str) -> None:
-        if self._retired is None:
-            self._retired = why
-            if self.status.problem is None:
-                self.status.problem = why
+    def _retire(self, why: str) -> TemplateUnavailable:
+        """Take no more workers (the first reason is kept); the error that says `why`."""
+        if self.status.problem is None:
+            self.status.problem = why
+        return TemplateUnavailable(why)
 
     def exitcode_of(self, worker: int, pidfd: int, timeout: float | None) -> int | None:
         """The exit status of the worker numbered `worker`, waiting at most `timeout`
@@ -598,13 +563,9 @@ class _Template:
 
     def _receive(self, timeout: float | None) -> list[tuple[dict, list[int]]]:
         """Wait up to `timeout` for the socket, then read every message it holds."""
-        sock = self._sock
-        if sock is None:
-            self.gone = True
-            return []
         try:
-            select.select([sock], [], [], timeout)
-            received, closed = receive(sock)
+            select.select([self._sock], [], [], timeout)
+            received, closed = receive(self._sock)
         except (OSError, ValueError):  # closed or reset: it is gone
             received, closed = [], True
         if closed:  # it exited
@@ -624,7 +585,7 @@ class _Template:
         elif kind == "ready":
             self._ready = True
         elif kind == "unusable":
-            self._unusable = message["reason"]
+            self._retire(message["reason"])
         elif kind == "warmed":
             status.warmed.append(message["module"])
             status.warm_seconds += message["seconds"]

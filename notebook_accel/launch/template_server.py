@@ -7,11 +7,16 @@ module per turn of its loop while no worker runs, and before a fork for at most
 PRELOAD_BEFORE_FORK_SECONDS. It ends with the kernel's end of the socket, ending its
 workers (reaped for at most EXIT_SECONDS); if it failed, with code 1 and a traceback
 on stderr, which the kernel reads back.
+
+The messages between the two sides, sent and received here by both: one JSON object
+per SOCK_SEQPACKET message, with file descriptors attached (SCM_RIGHTS).
 """
 
 from __future__ import annotations
 
+import array
 import contextlib
+import json
 import os
 import pickle
 import select
@@ -20,13 +25,12 @@ import socket
 import sys
 import time
 import traceback
-from dataclasses import fields
+from collections.abc import Iterable
 from typing import Any, NoReturn
 
 from notebook_accel.launch.channel import WorkerPipes
 from notebook_accel.launch.fresh import read_all, run_shipped
 from notebook_accel.launch.processes import ChildProcess, die_with_parent, end_processes
-from notebook_accel.launch.template_messages import EXIT_SECONDS, close_all, receive, send
 from notebook_accel.launch.warm import (
     MAX_REASON,
     WORKER_CODE,
@@ -35,8 +39,13 @@ from notebook_accel.launch.warm import (
     import_refusing_devices,
 )
 
-# How long a launch's first worker may wait for queued modules to be imported
-# (the rest follow between launches).
+# Once its socket is closed, how long the template gets to exit before SIGKILL
+# (and, in the template, its workers to be reaped).
+EXIT_SECONDS = 5.0
+# What one message may hold: its bytes, and descriptors attached.
+_MESSAGE_BYTES = 1 << 20
+_MAX_FDS = 8
+_RECEIVE_FLAGS = socket.MSG_DONTWAIT | getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 PRELOAD_BEFORE_FORK_SECONDS = 20.0
 
 
@@ -76,8 +85,7 @@ class _Server:
         self.threads = 0
 
     def run(self) -> None:
-        """Import what workers need, say so, serve until the kernel closes the socket,
-        end the workers."""
+        """Import what workers need, then serve the kernel until it closes the socket."""
         import torch  # noqa: F401 - every worker imports it: forked, they have it
 
         import notebook_accel.launch.worker  # noqa: F401 - the workers' own code
@@ -137,10 +145,9 @@ class _Server:
         deadline = time.monotonic() + PRELOAD_BEFORE_FORK_SECONDS
         while self.queue and self.stopped is None and time.monotonic() < deadline:
             self._import(self.queue.pop(0))
-        if self.stopped is not None or len(fds) != 2 + len(fields(WorkerPipes)):
+        if self.stopped is not None:
             close_all(fds)
-            reason = self.stopped or f"a request came with {len(fds)} descriptors"
-            self._send({"kind": "refused", "id": message["id"], "reason": reason})
+            self._send({"kind": "refused", "id": message["id"], "reason": self.stopped})
             return
         try:
             pid = os.fork()
@@ -250,3 +257,39 @@ def _take_kernel_context(fd: int) -> None:
 
 def _thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
+
+
+def send(sock: socket.socket, message: dict, fds: Iterable[int] = (), flags: int = 0) -> None:
+    """One message with `fds` attached (socket.send_fds, which drops `flags` in 3.11)."""
+    fds = array.array("i", fds)
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, fds)] if fds else []
+    sock.sendmsg([json.dumps(message).encode()], ancillary, flags)
+
+
+def receive(sock: socket.socket) -> tuple[list[tuple[dict, list[int]]], bool]:
+    """The messages waiting on `sock`, each with its descriptors, without waiting for
+    more; and whether the other end has closed (socket.recv_fds drops the flags in 3.11)."""
+    received = []
+    while True:
+        fds = array.array("i")
+        try:
+            data, ancillary, _, _ = sock.recvmsg(
+                _MESSAGE_BYTES, socket.CMSG_LEN(_MAX_FDS * fds.itemsize), _RECEIVE_FLAGS
+            )
+        except BlockingIOError:
+            return received, False
+        except OSError:  # closed or reset
+            return received, True
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        if not data:  # the other end closed
+            close_all(fds)
+            return received, True
+        received.append((json.loads(data), list(fds)))
+
+
+def close_all(fds: Iterable[int]) -> None:
+    """Close every descriptor of `fds`."""
+    for fd in fds:
+        os.close(fd)

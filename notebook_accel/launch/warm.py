@@ -65,9 +65,6 @@ from notebook_accel.reporting.report import Warming
 # these when it is shown.
 KNOWN_HEAVY = ("torch._dynamo",)
 
-# The notebook's own code, which runs where it is called and nowhere else.
-_NOTEBOOK_MODULES = ("__main__", "__mp_main__")
-
 # The longest reason warming gives for a module.
 MAX_REASON = 200
 
@@ -175,19 +172,30 @@ class RunWarmer:
 
 
 def _import_next(credit: Warming) -> bool:
-    """Import the first module still queued, crediting its time to `credit`; False when
-    the queue is empty or warming stopped. The launches whose queues it empties are done.
-    """
+    """Import the first module queued, crediting its time to `credit`; False when the queue
+    is empty or warming stopped. The launches whose queues it empties are done."""
     queued = _PROCESS.queued  # each with something pending
     if not queued or _PROCESS.stopped is not None:
         return False
-    name = queued[0].pending[0]
+    from notebook_accel.platforms.registry import PLATFORMS
+
+    name, platforms, problem = queued[0].pending[0], list(PLATFORMS.values()), None
     if credit.status == "not started":
         credit.status = "running"
     before, started = len(sys.modules), time.perf_counter()
     try:
         with guarded():  # no fork copies it half done; a stop press waits for it
-            problem = _import_guarded(name, credit)
+            if name not in sys.modules:
+                unclean_before = device_problem(platforms)
+                me = threading.get_ident()
+                failed = import_refusing_devices(
+                    name, platforms, lambda: threading.get_ident() == me
+                )
+                if failed is not None:
+                    _PROCESS.failed[name] = credit.skipped[name] = failed
+                else:
+                    credit.modules.append(name)
+                    problem = device_problem(platforms) if unclean_before is None else None
     finally:
         credit.seconds += time.perf_counter() - started
         credit.imported += len(sys.modules) - before
@@ -226,9 +234,8 @@ def _deferred_step() -> None:
 
 
 def _schedule_on_kernel_loop() -> bool:
-    """Have the Jupyter kernel's main-thread event loop import the queue when it is free
-    (between cells), one module per callback; False outside a kernel. Safe from any thread.
-    """
+    """Have the Jupyter kernel's event loop import the queue between cells (from any thread);
+    False outside a kernel."""
     if _PROCESS.loop_scheduled or "ipykernel" not in sys.modules:  # never import IPython
         return _PROCESS.loop_scheduled
     with contextlib.suppress(Exception):  # a kernel without the loop we know
@@ -297,27 +304,17 @@ def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str
         package = next((d for d in devices if name == d or name.startswith(d + ".")), None)
         if package is not None:  # one entry for a package, not one per submodule
             skipped[package] = "a device package: importing it may start a device runtime"
-            continue
-        reason = _why_not(name, origin)
-        if reason:
-            skipped[name] = reason
+        elif name.startswith("__"):  # __main__, __mp_main__: it runs where it is called
+            skipped[name] = "the notebook's own code"
+        elif origin is None and name not in sys.builtin_module_names:
+            skipped[name] = "no file (a namespace package, or a module made at run time)"
+        elif origin is not None and not os.path.abspath(origin).startswith(_installed_roots()):
+            skipped[name] = (
+                "not an installed package (code next to the notebook runs only where it is called)"
+            )
         else:
             names.append(name)
     return names, skipped
-
-
-def _why_not(name: str, origin: str | None) -> str | None:
-    if name in _NOTEBOOK_MODULES or name.startswith("__"):
-        return "the notebook's own code"
-    if origin is None:
-        return (
-            None
-            if name in sys.builtin_module_names
-            else "no file (a namespace package, or a module made at run time)"
-        )
-    if not os.path.abspath(origin).startswith(_installed_roots()):
-        return "not an installed package (code next to the notebook runs only where it is called)"
-    return None
 
 
 @lru_cache(maxsize=1)
@@ -325,12 +322,11 @@ def _installed_roots() -> tuple[str, ...]:
     """Directories of the standard library and of installed packages, notebook_accel's own."""
     paths = sysconfig.get_paths()
     roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    roots += site.getsitepackages() if hasattr(site, "getsitepackages") else []
+    roots += site.getsitepackages()
     roots.append(site.getusersitepackages())
     roots.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    found = {os.path.join(os.path.abspath(r), "") for r in roots if r}
-    found |= {os.path.join(os.path.realpath(r), "") for r in roots if r}
-    return tuple(sorted(found))
+    real = (os.path.abspath, os.path.realpath)
+    return tuple(sorted({os.path.join(path(r), "") for r in roots if r for path in real}))
 
 
 @dataclass
@@ -348,24 +344,6 @@ class _ProcessWarming:
 
 
 _PROCESS = _ProcessWarming()
-
-
-def _import_guarded(name: str, warming: Warming) -> str | None:
-    """Import `name` with every device runtime's start refused; return the device
-    problem the import caused anyway, if any."""
-    from notebook_accel.platforms.registry import PLATFORMS
-
-    if name in sys.modules:
-        return None
-    platforms = list(PLATFORMS.values())
-    unclean_before = device_problem(platforms)
-    me = threading.get_ident()
-    failed = import_refusing_devices(name, platforms, lambda: threading.get_ident() == me)
-    if failed is not None:
-        _PROCESS.failed[name] = warming.skipped[name] = failed
-        return None
-    warming.modules.append(name)
-    return device_problem(platforms) if unclean_before is None else None
 
 
 def import_refusing_devices(name: str, platforms: list, refuse: Callable[[], bool]) -> str | None:

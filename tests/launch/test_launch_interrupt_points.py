@@ -101,14 +101,12 @@ def launched_once():
 
 
 def template_fds() -> set[int]:
-    """What this process holds open for its template processes (each one's socket and
-    error file): the template of start method "forkserver" outlives a launch on purpose."""
+    """What this process holds open for its template processes (each one's socket): the
+    template of start method "forkserver" outlives a launch on purpose."""
     state = template._STATE
     with state.lock:
         templates = [each for each in (state.current, *state.retired) if each is not None]
-    held = {each._stderr for each in templates}
-    held |= {each._sock.fileno() for each in templates if each._sock is not None}
-    return held - {-1}
+    return {each._sock.fileno() for each in templates if each._sock is not None}
 
 
 @pytest.fixture
