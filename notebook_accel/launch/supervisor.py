@@ -280,6 +280,8 @@ class WorkerGroupBase:
         self._prompt_seconds = 0.0
         # The deadline of the wait in progress (None: none), for an unattended prompt.
         self._deadline: float | None = None
+        # An unattended prompt waited out the launch's timeout (_answer_prompt).
+        self._prompt_ran_out = False
         # Told the rank of each worker that exits with code 0: the process hosting the
         # launch's store marks it there, for peers still waiting to meet it.
         self.on_clean_exit: Callable[[int], None] | None = None
@@ -355,6 +357,7 @@ class WorkerGroupBase:
         KeyboardInterrupt once `stop` is set.
         """
         failed = failed or self._ended_workers
+        self._prompt_ran_out = False
         self._progressed()  # a wait starts: what came before (an idle live group) is no hang
         with self._listening_to(stop) if stop is not None else contextlib.nullcontext():
             settle_until: float | None = None
@@ -372,6 +375,11 @@ class WorkerGroupBase:
                     wake = settle_until + RAISED_EXIT_SECONDS
                 self.poll_until(until=self._hang_due(wake or deadline))
                 self.reap_unseen_exits()
+                if self._prompt_ran_out and settle_until is None:
+                    # Its worker, answered, may finish before the loop looks at the clock
+                    # again: the timeout that ended the prompt ends the run now (on a
+                    # loaded machine the run otherwise returned, its timeout passed).
+                    raise TimeoutError
                 if deadline is not None:
                     deadline += self._prompt_seconds
                 self._prompt_seconds = 0.0
@@ -518,6 +526,9 @@ class WorkerGroupBase:
                 line = self.prompter(worker.rank, prompt, None if attended else self._deadline)
         except InputUnavailable as why:
             reason, shown = str(why), why.shown
+            self._prompt_ran_out = self._deadline is not None and (
+                not attended and time.monotonic() >= self._deadline
+            )
         except KeyboardInterrupt:
             reason, pressed = "the run was stopped", True
         finally:
