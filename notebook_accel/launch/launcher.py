@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import os
 from collections.abc import Callable
@@ -71,12 +70,15 @@ def notebook_launcher(
     if config is not None:  # given means passed, whatever the value: it beats the file's
         config = config if isinstance(config, LaunchConfig) else LaunchConfig.load(config)
         given = {**config.launch_options(), **given}
-    plan = plan_launch(function=function, args=args, kwargs=kwargs, **given)
+    # Detached, a single worker too runs in a process of its own (the kernel may go away),
+    # so it takes the options of worker processes (timeout, max_restarts, start_method).
+    plan = plan_launch(
+        function=function, args=args, kwargs=kwargs, single_in_process=not detach, **given
+    )
     if detach:  # under a keeper: a process here, or a detached actor of the Ray cluster
         from notebook_accel.launch.runs.handle import start
 
-        # A single worker too runs in a process of its own: the kernel may go away.
-        run = start(dataclasses.replace(plan, single_in_process=False))
+        run = start(plan)
     extra = list(observers or [])
     if live is None or live:
         from notebook_accel.views.live import WidgetView, live_view

@@ -119,6 +119,16 @@ def test_bad_inputs_are_refused_before_anything_starts(runs_dir):
         resume()
 
 
+def test_a_single_detached_worker_takes_the_options_of_worker_processes():
+    # Detached, one worker runs under the keeper, not in this process: a timeout and
+    # restarts apply to it as to any worker process.
+    run = notebook_launcher(
+        sum, ([1, 2],), num_processes=1, backend="cpu", detach=True, timeout=PROMPTLY,
+        max_restarts=1,
+    )  # fmt: skip
+    assert run.result(timeout=PROMPTLY) == 3
+
+
 def test_runs_are_private_to_their_user_and_forgotten_on_request(runs_dir):
     runs_dir.mkdir(mode=0o755)
     os.chmod(runs_dir, 0o755)
