@@ -228,12 +228,12 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
             print(exitcode, file=sys.stderr)
             exitcode = 1
         if exitcode:
-            _send_error(channel, rank, stop, spec.function)
+            channel.send(_raised(rank, stop, spec.function))
         return exitcode
     except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
         _send_peak_resources(channel, rank)
         debug = spec.post_mortem and isinstance(error, Exception)
-        _send_error(channel, rank, error, spec.function, post_mortem=debug)
+        channel.send(_raised(rank, error, spec.function, post_mortem=debug))
         if debug:
             debugging.post_mortem(error, _user_frames(error, spec.function), rank)
         return 1
@@ -303,21 +303,15 @@ def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:
         ) from error
 
 
-def _send_error(
-    channel: ChannelWriter,
-    rank: int,
-    error: BaseException,
-    function: Callable[..., Any],
-    post_mortem: bool = False,
-) -> None:
-    channel.send(
-        WorkerRaised(
-            rank,
-            exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
-            traceback=_user_traceback(error, function),
-            time=time.time(),
-            post_mortem=post_mortem,
-        )
+def _raised(
+    rank: int, error: BaseException, function: Callable[..., Any], post_mortem: bool = False
+) -> WorkerRaised:
+    return WorkerRaised(
+        rank,
+        exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+        traceback=_user_traceback(error, function),
+        time=time.time(),
+        post_mortem=post_mortem,
     )
 
 
