@@ -28,7 +28,7 @@ from typing import Any
 import psutil
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes, frame
-from notebook_accel.launch.debugging import Answer, AskInCell, InputUnavailable
+from notebook_accel.launch.debugging import Answer, InputUnavailable, person_answers
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -274,7 +274,7 @@ class WorkerGroupBase:
         self._hang_explained = False
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
-        self.prompter: AskInCell | None = None
+        self.prompter: Callable[[int, str, float | None], str] | None = None
         # Seconds a person spent at prompts since the loop last looked: they do not count
         # towards the run's timeout (an unattended prompter's do, and end at it).
         self._prompt_seconds = 0.0
@@ -511,7 +511,7 @@ class WorkerGroupBase:
         prompt = self.take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed, shown = None, NO_PROMPTER, False, False
-        attended = self.prompter is None or self.prompter.attended()
+        attended = self.prompter is None or person_answers()
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
         # The peers the launcher stopped for a post-mortem are its consequence, not a cause.
