@@ -163,10 +163,8 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
         if early:
             catcher(signal.SIGINT, None)
         yield stop
-    except KeyboardInterrupt:
-        raise
     except BaseException as error:
-        if catcher is not None and catcher.pressed:
+        if catcher is not None and catcher.pressed and not isinstance(error, KeyboardInterrupt):
             raise KeyboardInterrupt("the run was stopped") from error
         raise
     finally:
@@ -441,12 +439,10 @@ class WorkerGroupBase:
             worker.stacks.expect()
             self.signal(worker.rank, STACK_SIGNAL)
         deadline = time.monotonic() + STACKS_WAIT_SECONDS
-        settling = False
         while time.monotonic() < deadline:
             # Each worker's dump, and its note (a worker that holds the GIL sends none:
             # it is shown from its stack alone, after STACKS_WAIT_SECONDS).
-            if not settling and all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
-                settling = True
+            if all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
                 deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
