@@ -24,7 +24,7 @@ import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import CodeType, TracebackType
+from types import TracebackType
 from typing import Any, NoReturn
 
 from notebook_accel.config.settings import ENV_BACKEND
@@ -248,8 +248,7 @@ def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:
 def _channel_destination(
     channel: ChannelWriter, rank: int, milestone: Callable[[], None] | None = None
 ) -> Destination:
-    """Metrics, progress and milestones of this worker go to the launcher; progress at
-    most 10 updates/s."""
+    """Metrics, progress (at most PROGRESS_UPDATES_PER_SECOND) and milestones, to the launcher."""
     last_sent = [0.0]
 
     def send_progress(step: int, total: int | None, elapsed: float) -> None:
@@ -328,25 +327,20 @@ def _user_frames(error: BaseException, function: Callable[..., Any]) -> Tracebac
     whose code cannot be told), right below `_call_user_function`; failing
     both (an error in sending the result), at the last frame.
     """
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    code = _code_of(function)
-    first = next((f for f in frames if f.tb_frame.f_code is code), None)
-    call = _call_user_function.__code__
-    below = next((b for a, b in itertools.pairwise(frames) if a.tb_frame.f_code is call), None)
-    return first or below or (frames[-1] if frames else None)
-
-
-def _code_of(function: Callable[..., Any]) -> CodeType | None:
     while isinstance(function, functools.partial):
         function = function.func
     code = getattr(function, "__code__", None)  # functions, and bound methods through __func__
     if code is None:  # an object with a __call__ method
         code = getattr(inspect.getattr_static(type(function), "__call__", None), "__code__", None)
-    return code if isinstance(code, CodeType) else None
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    first = next((f for f in frames if f.tb_frame.f_code is code), None)
+    call = _call_user_function.__code__
+    below = next((b for a, b in itertools.pairwise(frames) if a.tb_frame.f_code is call), None)
+    return first or below or (frames[-1] if frames else None)
 
 
 def _redirect_output(pipes: WorkerPipes) -> None:
