@@ -22,7 +22,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
@@ -336,8 +336,7 @@ class WorkerGroupBase:
         is reported first.
         """
         self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers)
-        failures = self.failed_workers()
-        if failures:
+        if failures := self.failed_workers():
             raise WorkerError(self._failures_cause_first(failures))
 
     def serve_until(
@@ -676,7 +675,7 @@ class WorkerGroup(WorkerGroupBase):
         self._janitor.watch(process.pid)
         worker = SupervisedWorker(self.spec.global_rank(local_rank), local_rank, process)
         self.workers.append(worker)
-        for stream, fd in ours.named():
+        for stream, fd in asdict(ours).items():
             reader = ChannelReader(worker.rank) if fd == ours.channel else None
             os.set_blocking(fd, False)
             self._pipes[fd] = WorkerPipe(worker, stream, reader)
@@ -754,10 +753,9 @@ class WorkerGroup(WorkerGroupBase):
         deadline = time.monotonic() + EXIT_STATUS_SECONDS
         while worker.process.exitcode is None and time.monotonic() < deadline:
             time.sleep(0.001)
-        if worker.process.exitcode is None:
-            return
-        self.drain_output(worker, channel=True)
-        self.exited(worker, worker.process.exitcode)
+        if worker.process.exitcode is not None:
+            self.drain_output(worker, channel=True)
+            self.exited(worker, worker.process.exitcode)
 
     def drain_output(
         self, worker: SupervisedWorker, channel: bool = False, last: bool = False
