@@ -179,7 +179,7 @@ def worker_main(
     exitcode = 1
     try:
         with sending_to(_channel_destination(channel, rank, milestone=early)):
-            exitcode = _run(spec, local_rank, channel)
+            exitcode = _run(spec, local_rank, rank, channel)
             if imports is not None:
                 imports.report()
     finally:
@@ -206,9 +206,8 @@ def current_channel() -> ChannelWriter:
     return _CHANNEL
 
 
-def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
+def _run(spec: WorkerSpec, local_rank: int, rank: int, channel: ChannelWriter) -> int:
     """Call the function and send back what came of it; return the exit status."""
-    rank = spec.global_rank(local_rank)
     try:
         spec = spec.unpacked()
         value = _call_user_function(spec, local_rank)
