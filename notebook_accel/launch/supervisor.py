@@ -177,12 +177,9 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
 
 @dataclass
 class FatalReport:
-    """The Python stacks a worker's faulthandler writes to stderr as it crashes.
-
-    A worker killed by a fatal signal (SIGSEGV in a C extension) sends no
-    exception; its stack is these lines, from "Fatal Python error" to the list
-    of extension modules, kept for the WorkerError.
-    """
+    """The Python stacks a worker's faulthandler writes to stderr as it crashes: a worker
+    killed by a fatal signal (SIGSEGV in a C extension) sends no exception, and these lines
+    (from START to END) are its stack in the WorkerError."""
 
     START = "Fatal Python error:"
     END = "Extension modules:"
@@ -268,8 +265,7 @@ class WorkerGroupBase:
         # worker) the cell shows where each rank is; None: never (launch option
         # explain_hang_after).
         self.hang_after: float | None = None
-        self._last_progress = time.monotonic()
-        self._hang_explained = False
+        self._progressed()
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
         self.prompter: Callable[[int, str, float | None], str] | None = None
@@ -412,8 +408,8 @@ class WorkerGroupBase:
         return due if until is None else min(until, due)
 
     def _explain_if_hung(self) -> None:
-        stalled = time.monotonic() - self._last_progress
-        if self.hang_after is not None and not self._hang_explained and stalled >= self.hang_after:
+        due = self._hang_due(None)
+        if due is not None and time.monotonic() >= due:
             self._hang_explained = True  # once per stall: any progress re-arms it
             self.explain_where(
                 f"no progress for {self.hang_after:g} s (no output, step or event from any "
@@ -612,9 +608,7 @@ class WorkerGroup(WorkerGroupBase):
         local_ranks: list[int] | None = None,
     ):
         super().__init__(spec, emit, stop)
-        self.local_ranks = list(
-            range(spec.local_world_size) if local_ranks is None else local_ranks
-        )
+        self.local_ranks = range(spec.local_world_size) if local_ranks is None else local_ranks
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
         self._next_exit_check = 0.0
@@ -845,12 +839,9 @@ class WorkerGroup(WorkerGroupBase):
 
 
 def read_some(fd: int) -> bytes:
-    """What `fd` holds, up to 64 KiB; b"" at its end.
-
-    A worker's channel is a socket: a worker ended before it read what was sent to it
-    (the answer to a prompt where Stop was pressed) resets it, and after what it sent
-    before, the read raises ConnectionResetError instead of returning b"". The same end.
-    """
+    """What `fd` holds, up to 64 KiB; b"" at its end, or where a worker's channel (a socket)
+    was reset, by a worker that ended before it read what was sent to it (the answer to a
+    prompt where Stop was pressed): once what it sent before is read."""
     try:
         return os.read(fd, 1 << 16)
     except ConnectionResetError:
