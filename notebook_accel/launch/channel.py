@@ -22,7 +22,7 @@ import socket
 import struct
 import threading
 import time
-from dataclasses import astuple, dataclass, fields
+from dataclasses import astuple, dataclass
 from typing import Any
 
 from notebook_accel.reporting.events import ChannelEvent, RunEvent, Unreadable
@@ -53,9 +53,6 @@ class WorkerPipes:
 
     def fds(self) -> list[int]:
         return list(astuple(self))
-
-    def named(self) -> list[tuple[str, int]]:
-        return [(field.name, getattr(self, field.name)) for field in fields(self)]
 
     def close(self) -> None:
         for fd in self.fds():

@@ -66,57 +66,47 @@ class Answer:
     reason: str = ""
 
 
-class AskInCell:
-    """Asks for a worker's line where this launch runs, the prompt prefixed with the rank:
-    the frontend's input() in a notebook, stdin in a script."""
-
-    def attended(self) -> bool:
-        """Whether a person answers (a frontend's input(), which a kernel puts in place of
-        Python's own, or a terminal): time at a prompt then does not count towards the
-        launch's timeout."""
-        return not _reads_unattended_stdin()
-
-    def __call__(self, rank: int, prompt: str, deadline: float | None = None) -> str:
-        """The line for worker `rank`'s `prompt`. Raises InputUnavailable when nobody can
-        answer here (or, unattended, nobody did before `deadline`, the launch's timeout), and
-        KeyboardInterrupt when the stop button is pressed at the prompt."""
-        if threading.current_thread() is not threading.main_thread():
-            raise InputUnavailable(
-                "the launch runs on a thread other than the notebook's main one, where "
-                "nobody can answer"
-            )
-        # The launch turns a stop press into a flag; at a prompt it must end the wait.
-        previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-        try:
-            if _reads_unattended_stdin():
-                return _line_from_stdin(rank, prompt, deadline)
-            return input(f"[rank {rank}] {prompt}")
-        except EOFError:  # input() wrote the prompt: end its line
-            print(flush=True)
-            raise InputUnavailable("this process's stdin is closed", shown=True) from None
-        except InputUnavailable:  # KeyboardInterrupt is no Exception: it passes too
-            raise
-        except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
-            raise InputUnavailable(
-                f"this frontend cannot answer input ({type(error).__name__}: {error})"
-            ) from None
-        finally:
-            signal.signal(signal.SIGINT, previous)
-
-
-ask_in_cell = AskInCell()
-
-
-def _reads_unattended_stdin() -> bool:
-    """Whether input() here is Python's own reading a stdin that is no terminal (a pipe,
-    a file): nobody types there. A kernel's input() asks its frontend instead."""
-    asks = globals().get("input", builtins.input)  # what AskInCell calls as input()
+def person_answers() -> bool:
+    """Whether a person answers `ask_in_cell` here (a frontend's input(), which a kernel puts
+    in place of Python's own, or a terminal), not Python's input() reading a stdin that is no
+    terminal (a pipe, a file): time at a prompt then does not count towards the launch's
+    timeout."""
+    asks = globals().get("input", builtins.input)  # what ask_in_cell calls as input()
     if not (isinstance(asks, types.BuiltinFunctionType) and asks.__module__ == "builtins"):
-        return False
-    try:
-        return not sys.stdin.isatty()
-    except (AttributeError, ValueError):  # no stdin, or a closed one
         return True
+    try:
+        return sys.stdin.isatty()
+    except (AttributeError, ValueError):  # no stdin, or a closed one
+        return False
+
+
+def ask_in_cell(rank: int, prompt: str, deadline: float | None = None) -> str:
+    """The line for worker `rank`'s `prompt`, asked where this launch runs (the frontend's
+    input() in a notebook, stdin in a script) with the rank before the prompt. Raises
+    InputUnavailable when nobody can answer here (or, unattended, nobody did before
+    `deadline`, the launch's timeout), KeyboardInterrupt when Stop is pressed at the prompt."""
+    if threading.current_thread() is not threading.main_thread():
+        raise InputUnavailable(
+            "the launch runs on a thread other than the notebook's main one, where "
+            "nobody can answer"
+        )
+    # The launch turns a stop press into a flag; at a prompt it must end the wait.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        if not person_answers():
+            return _line_from_stdin(rank, prompt, deadline)
+        return input(f"[rank {rank}] {prompt}")
+    except EOFError:  # input() wrote the prompt: end its line
+        print(flush=True)
+        raise InputUnavailable("this process's stdin is closed", shown=True) from None
+    except InputUnavailable:  # KeyboardInterrupt is no Exception: it passes too
+        raise
+    except Exception as error:  # noqa: BLE001 - e.g. IPython's StdinNotImplementedError
+        raise InputUnavailable(
+            f"this frontend cannot answer input ({type(error).__name__}: {error})"
+        ) from None
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _line_from_stdin(rank: int, prompt: str, deadline: float | None) -> str:

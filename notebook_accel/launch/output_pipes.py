@@ -24,14 +24,13 @@ import struct
 
 from notebook_accel.launch.channel import take_frames
 
-STDOUT, STDERR = "stdout", "stderr"
 # The shared pipe's name among a worker's pipes (the others: "stdout", "stderr", "channel").
 PYTHON_PIPE = "python"
 
 # A frame: its stream (the descriptor's number, 1 or 2) and the payload's length.
 _FRAME_HEADER = struct.Struct("<BH")
 MAX_FRAME_PAYLOAD = select.PIPE_BUF - _FRAME_HEADER.size
-_STREAM_IDS = {STDOUT: 1, STDERR: 2}
+_STREAM_IDS = {"stdout": 1, "stderr": 2}
 
 
 class _FramedStream(io.RawIOBase):
@@ -66,7 +65,7 @@ def python_streams(pipe_fd: int) -> tuple[io.TextIOWrapper, io.TextIOWrapper]:
             line_buffering=True,
             write_through=True,
         )
-        for stream in (STDOUT, STDERR)
+        for stream in _STREAM_IDS
     )
 
 

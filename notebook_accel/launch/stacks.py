@@ -203,22 +203,6 @@ def collective_of(frames: list[Frame], gradient_all_reduce: bool = False) -> str
     return None
 
 
-def user_frame(frames: list[Frame]) -> Frame | None:
-    """The innermost frame of the user's own code (a notebook cell or a local file)."""
-    return next((f for f in frames if not f.in_libraries), None)
-
-
-def imported_module(frames: list[Frame]) -> str | None:
-    """The file of the module the user's line is importing, if the stack is in an import:
-    the outermost module body run by Python's import machinery inside the user's frame."""
-    mine = user_frame(frames)
-    inner = frames[: frames.index(mine)] if mine is not None else frames
-    if not any(frame.file.startswith(_FROZEN + "importlib") for frame in inner):
-        return None
-    bodies = [frame.file for frame in inner if frame.function == "<module>"]
-    return bodies[-1] if bodies else None
-
-
 def explain(
     reason: str,
     stacks: dict[int, list[Frame]],
@@ -242,7 +226,16 @@ def explain(
             elsewhere.append(rank)
         where = ended[rank] if rank in ended else _where(frames, collective)
         lines.append(f"  rank {rank}: {where}")
-    lines += _who_waits(waiting, elsewhere)
+    ranks = lambda numbers: ", ".join(map(str, numbers))  # noqa: E731
+    if len(waiting) > 1:
+        each = "; ".join(f"rank {ranks(r)} in {name}" for name, r in waiting.items())
+        lines.append(
+            f"  The ranks wait in different collectives ({each}): they call collectives in "
+            "a different order, or one calls one more (a longer loop, an extra batch)."
+        )
+    elif waiting and elsewhere:
+        ((name, waiters),) = waiting.items()
+        lines.append(f"  Rank {ranks(waiters)} wait(s) in {name} for rank {ranks(elsewhere)}.")
     for rank in sorted(stacks):
         if stacks[rank]:
             lines.append(f"rank {rank}'s stack, innermost first:")
@@ -262,7 +255,8 @@ def _where(frames: list[Frame], collective: str | None) -> str:
     """Where a rank that answered is, from its stack and the collective it waits in."""
     if not frames:
         return "did not answer (busy in native code without Python)"
-    mine = user_frame(frames)
+    # The innermost frame of the user's own code (a notebook cell or a local file).
+    mine = next((f for f in frames if not f.in_libraries), None)
     at = mine.place if mine else "no frame of yours"
     if collective == DDP_ALL_REDUCE:
         return f"waits in {collective} (inside backward), called from {at}"
@@ -270,23 +264,10 @@ def _where(frames: list[Frame], collective: str | None) -> str:
         return f"waits in torch.distributed.{collective}, called from {at}"
     if frames[0] is mine:
         return f"not in a collective, at {at}"
-    importing = imported_module(frames)
-    what = f"importing {importing}" if importing else f"in {frames[0].place}"
-    return f"not in a collective: {what}, called from {at}"
-
-
-def _who_waits(waiting: dict[str, list[int]], elsewhere: list[int]) -> list[str]:
-    """One line on who waits for whom."""
-    if not waiting:
-        return []
-    ranks = lambda numbers: ", ".join(map(str, numbers))  # noqa: E731
-    if len(waiting) > 1:
-        each = "; ".join(f"rank {ranks(r)} in {name}" for name, r in waiting.items())
-        return [
-            f"  The ranks wait in different collectives ({each}): they call collectives in "
-            "a different order, or one calls one more (a longer loop, an extra batch)."
-        ]
-    ((name, waiters),) = waiting.items()
-    if elsewhere:
-        return [f"  Rank {ranks(waiters)} wait(s) in {name} for rank {ranks(elsewhere)}."]
-    return []
+    # In an import: the module the user's line imports is the outermost module body that
+    # Python's import machinery runs inside the user's frame.
+    inner = frames[: frames.index(mine)] if mine is not None else frames
+    bodies = [frame.file for frame in inner if frame.function == "<module>"]
+    if bodies and any(frame.file.startswith(_FROZEN + "importlib") for frame in inner):
+        return f"not in a collective: importing {bodies[-1]}, called from {at}"
+    return f"not in a collective: in {frames[0].place}, called from {at}"

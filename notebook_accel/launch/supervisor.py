@@ -22,13 +22,13 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import psutil
 
 from notebook_accel.launch.channel import ChannelReader, WorkerPipes, frame
-from notebook_accel.launch.debugging import Answer, AskInCell, InputUnavailable
+from notebook_accel.launch.debugging import Answer, InputUnavailable, person_answers
 from notebook_accel.launch.errors import WorkerError, WorkerFailure
 from notebook_accel.launch.forking import (
     Janitor,
@@ -163,10 +163,8 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
         if early:
             catcher(signal.SIGINT, None)
         yield stop
-    except KeyboardInterrupt:
-        raise
     except BaseException as error:
-        if catcher is not None and catcher.pressed:
+        if catcher is not None and catcher.pressed and not isinstance(error, KeyboardInterrupt):
             raise KeyboardInterrupt("the run was stopped") from error
         raise
     finally:
@@ -179,12 +177,9 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
 
 @dataclass
 class FatalReport:
-    """The Python stacks a worker's faulthandler writes to stderr as it crashes.
-
-    A worker killed by a fatal signal (SIGSEGV in a C extension) sends no
-    exception; its stack is these lines, from "Fatal Python error" to the list
-    of extension modules, kept for the WorkerError.
-    """
+    """The Python stacks a worker's faulthandler writes to stderr as it crashes: a worker
+    killed by a fatal signal (SIGSEGV in a C extension) sends no exception, and these lines
+    (from START to END) are its stack in the WorkerError."""
 
     START = "Fatal Python error:"
     END = "Extension modules:"
@@ -270,11 +265,10 @@ class WorkerGroupBase:
         # worker) the cell shows where each rank is; None: never (launch option
         # explain_hang_after).
         self.hang_after: float | None = None
-        self._last_progress = time.monotonic()
-        self._hang_explained = False
+        self._progressed()
         # Asks for the line a worker's stdin reads (launch/debugging.py); None: nobody
         # can answer (NO_PROMPTER).
-        self.prompter: AskInCell | None = None
+        self.prompter: Callable[[int, str, float | None], str] | None = None
         # Seconds a person spent at prompts since the loop last looked: they do not count
         # towards the run's timeout (an unattended prompter's do, and end at it).
         self._prompt_seconds = 0.0
@@ -338,8 +332,7 @@ class WorkerGroupBase:
         is reported first.
         """
         self.serve_until(self.all_exited, deadline, self.stop_signal, self.failed_workers)
-        failures = self.failed_workers()
-        if failures:
+        if failures := self.failed_workers():
             raise WorkerError(self._failures_cause_first(failures))
 
     def serve_until(
@@ -415,8 +408,8 @@ class WorkerGroupBase:
         return due if until is None else min(until, due)
 
     def _explain_if_hung(self) -> None:
-        stalled = time.monotonic() - self._last_progress
-        if self.hang_after is not None and not self._hang_explained and stalled >= self.hang_after:
+        due = self._hang_due(None)
+        if due is not None and time.monotonic() >= due:
             self._hang_explained = True  # once per stall: any progress re-arms it
             self.explain_where(
                 f"no progress for {self.hang_after:g} s (no output, step or event from any "
@@ -441,12 +434,10 @@ class WorkerGroupBase:
             worker.stacks.expect()
             self.signal(worker.rank, STACK_SIGNAL)
         deadline = time.monotonic() + STACKS_WAIT_SECONDS
-        settling = False
         while time.monotonic() < deadline:
             # Each worker's dump, and its note (a worker that holds the GIL sends none:
             # it is shown from its stack alone, after STACKS_WAIT_SECONDS).
-            if not settling and all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
-                settling = True
+            if all((w.stacks.threads and w.stacks.note) or w.ended for w in asked):
                 deadline = min(deadline, time.monotonic() + STACKS_SETTLE_SECONDS)
             self.poll_until(until=min(deadline, time.monotonic() + 0.05))
         stacks = {w.rank: w.stacks.finish() for w in asked if not w.ended}
@@ -511,7 +502,7 @@ class WorkerGroupBase:
         prompt = self.take_prompt(worker)
         started = time.monotonic()
         line, reason, pressed, shown = None, NO_PROMPTER, False, False
-        attended = self.prompter is None or self.prompter.attended()
+        attended = self.prompter is None or person_answers()
         # A peer failed first: this run is ending, and this rank's prompt (often its
         # post-mortem of a collective the failed rank left) is not worth the user's time.
         # The peers the launcher stopped for a post-mortem are its consequence, not a cause.
@@ -617,9 +608,7 @@ class WorkerGroup(WorkerGroupBase):
         local_ranks: list[int] | None = None,
     ):
         super().__init__(spec, emit, stop)
-        self.local_ranks = list(
-            range(spec.local_world_size) if local_ranks is None else local_ranks
-        )
+        self.local_ranks = range(spec.local_world_size) if local_ranks is None else local_ranks
         self._selector = selectors.DefaultSelector()
         self._next_sample = 0.0
         self._next_exit_check = 0.0
@@ -680,7 +669,7 @@ class WorkerGroup(WorkerGroupBase):
         self._janitor.watch(process.pid)
         worker = SupervisedWorker(self.spec.global_rank(local_rank), local_rank, process)
         self.workers.append(worker)
-        for stream, fd in ours.named():
+        for stream, fd in asdict(ours).items():
             reader = ChannelReader(worker.rank) if fd == ours.channel else None
             os.set_blocking(fd, False)
             self._pipes[fd] = WorkerPipe(worker, stream, reader)
@@ -758,10 +747,9 @@ class WorkerGroup(WorkerGroupBase):
         deadline = time.monotonic() + EXIT_STATUS_SECONDS
         while worker.process.exitcode is None and time.monotonic() < deadline:
             time.sleep(0.001)
-        if worker.process.exitcode is None:
-            return
-        self.drain_output(worker, channel=True)
-        self.exited(worker, worker.process.exitcode)
+        if worker.process.exitcode is not None:
+            self.drain_output(worker, channel=True)
+            self.exited(worker, worker.process.exitcode)
 
     def drain_output(
         self, worker: SupervisedWorker, channel: bool = False, last: bool = False
@@ -851,12 +839,9 @@ class WorkerGroup(WorkerGroupBase):
 
 
 def read_some(fd: int) -> bytes:
-    """What `fd` holds, up to 64 KiB; b"" at its end.
-
-    A worker's channel is a socket: a worker ended before it read what was sent to it
-    (the answer to a prompt where Stop was pressed) resets it, and after what it sent
-    before, the read raises ConnectionResetError instead of returning b"". The same end.
-    """
+    """What `fd` holds, up to 64 KiB; b"" at its end, or where a worker's channel (a socket)
+    was reset, by a worker that ended before it read what was sent to it (the answer to a
+    prompt where Stop was pressed): once what it sent before is read."""
     try:
         return os.read(fd, 1 << 16)
     except ConnectionResetError:

@@ -24,7 +24,7 @@ import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import CodeType, TracebackType
+from types import TracebackType
 from typing import Any, NoReturn
 
 from notebook_accel.config.settings import ENV_BACKEND
@@ -179,7 +179,7 @@ def worker_main(
     exitcode = 1
     try:
         with sending_to(_channel_destination(channel, rank, milestone=early)):
-            exitcode = _run(spec, local_rank, channel)
+            exitcode = _run(spec, local_rank, rank, channel)
             if imports is not None:
                 imports.report()
     finally:
@@ -206,9 +206,8 @@ def current_channel() -> ChannelWriter:
     return _CHANNEL
 
 
-def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
+def _run(spec: WorkerSpec, local_rank: int, rank: int, channel: ChannelWriter) -> int:
     """Call the function and send back what came of it; return the exit status."""
-    rank = spec.global_rank(local_rank)
     try:
         spec = spec.unpacked()
         value = _call_user_function(spec, local_rank)
@@ -228,12 +227,12 @@ def _run(spec: WorkerSpec, local_rank: int, channel: ChannelWriter) -> int:
             print(exitcode, file=sys.stderr)
             exitcode = 1
         if exitcode:
-            _send_error(channel, rank, stop, spec.function)
+            channel.send(_raised(rank, stop, spec.function))
         return exitcode
     except BaseException as error:  # noqa: BLE001 - every failure must reach the kernel
         _send_peak_resources(channel, rank)
         debug = spec.post_mortem and isinstance(error, Exception)
-        _send_error(channel, rank, error, spec.function, post_mortem=debug)
+        channel.send(_raised(rank, error, spec.function, post_mortem=debug))
         if debug:
             debugging.post_mortem(error, _user_frames(error, spec.function), rank)
         return 1
@@ -248,8 +247,7 @@ def _call_user_function(spec: WorkerSpec, local_rank: int) -> Any:
 def _channel_destination(
     channel: ChannelWriter, rank: int, milestone: Callable[[], None] | None = None
 ) -> Destination:
-    """Metrics, progress and milestones of this worker go to the launcher; progress at
-    most 10 updates/s."""
+    """Metrics, progress (at most PROGRESS_UPDATES_PER_SECOND) and milestones, to the launcher."""
     last_sent = [0.0]
 
     def send_progress(step: int, total: int | None, elapsed: float) -> None:
@@ -303,21 +301,15 @@ def _send_result(channel: ChannelWriter, rank: int, value: Any) -> None:
         ) from error
 
 
-def _send_error(
-    channel: ChannelWriter,
-    rank: int,
-    error: BaseException,
-    function: Callable[..., Any],
-    post_mortem: bool = False,
-) -> None:
-    channel.send(
-        WorkerRaised(
-            rank,
-            exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
-            traceback=_user_traceback(error, function),
-            time=time.time(),
-            post_mortem=post_mortem,
-        )
+def _raised(
+    rank: int, error: BaseException, function: Callable[..., Any], post_mortem: bool = False
+) -> WorkerRaised:
+    return WorkerRaised(
+        rank,
+        exception=f"{type(error).__name__}: {error}" if str(error) else type(error).__name__,
+        traceback=_user_traceback(error, function),
+        time=time.time(),
+        post_mortem=post_mortem,
     )
 
 
@@ -334,25 +326,20 @@ def _user_frames(error: BaseException, function: Callable[..., Any]) -> Tracebac
     whose code cannot be told), right below `_call_user_function`; failing
     both (an error in sending the result), at the last frame.
     """
-    frames = []
-    tb = error.__traceback__
-    while tb is not None:
-        frames.append(tb)
-        tb = tb.tb_next
-    code = _code_of(function)
-    first = next((f for f in frames if f.tb_frame.f_code is code), None)
-    call = _call_user_function.__code__
-    below = next((b for a, b in itertools.pairwise(frames) if a.tb_frame.f_code is call), None)
-    return first or below or (frames[-1] if frames else None)
-
-
-def _code_of(function: Callable[..., Any]) -> CodeType | None:
     while isinstance(function, functools.partial):
         function = function.func
     code = getattr(function, "__code__", None)  # functions, and bound methods through __func__
     if code is None:  # an object with a __call__ method
         code = getattr(inspect.getattr_static(type(function), "__call__", None), "__code__", None)
-    return code if isinstance(code, CodeType) else None
+    frames = []
+    tb = error.__traceback__
+    while tb is not None:
+        frames.append(tb)
+        tb = tb.tb_next
+    first = next((f for f in frames if f.tb_frame.f_code is code), None)
+    call = _call_user_function.__code__
+    below = next((b for a, b in itertools.pairwise(frames) if a.tb_frame.f_code is call), None)
+    return first or below or (frames[-1] if frames else None)
 
 
 def _redirect_output(pipes: WorkerPipes) -> None:
