@@ -45,17 +45,14 @@ class LaunchPlan:
     # A single worker runs in this process unless a caller (the panel, which
     # must be able to stop it) asks for a worker process anyway.
     single_in_process: bool = True
-    # Import here, after the run, what the workers imported (launch/warm.py).
     warm: bool = True
-    # "fork", "forkserver" (forked from a clean template process started once,
-    # launch/template.py) or "spawn" (fresh interpreters, launch/fresh.py); with the
-    # reason the fork start could not be used when start_method="auto" chose forkserver.
+    # "fork", "forkserver" (launch/template.py) or "spawn" (launch/fresh.py), and why
+    # the fork start could not be used when start_method="auto" chose forkserver.
     start_method: str = "fork"
     fresh_start_reason: str | None = None
     # Where the workers run when not on this machine: a Ray cluster's request
     # (launch/cluster/request.py), with the function and arguments packed for it.
     cluster: ClusterRequest | None = None
-    # A worker that raises opens pdb on its frames in the cell (launch/debugging.py).
     post_mortem: bool = False
     # A resumed detached run's checkpoint, which its workers find through
     # resume_checkpoint() (launch/runs).

@@ -97,8 +97,7 @@ def plan_launch(
             )
         if plan.max_restarts:
             raise ValueError("max_restarts= needs worker processes; use num_processes=2 or more.")
-        return plan
-    if plan.cluster is not None:  # the cluster's agents fork the workers
+    if plan.in_process or plan.cluster is not None:  # the cluster's agents fork its workers
         return plan
     if not hasattr(os, "fork"):
         raise RuntimeError(
@@ -120,7 +119,15 @@ def choose_workers(values: dict[str, Any], hardware: Hardware) -> tuple[Platform
             f"num_processes={num_processes} does not match devices={devices} "
             f"({len(devices)} GPU(s)); one worker runs per device, so pass one of them."
         )
-    platform = _choose_platform(values["backend"], devices, hardware)
+    name = values["backend"]
+    platform = default_platform(hardware) if name is None else platform_named(name)
+    if devices is not None and not platform.chooses_devices:
+        if name is not None:
+            raise ValueError(
+                f"devices= chooses accelerator devices (GPUs); the {platform.name} backend "
+                "takes none."
+            )
+        platform = platform_named("cuda")  # devices= names GPUs where there are none
     platform.check_available(hardware)
     if values["num_nodes"] > 1 and not platform.supports_multinode:
         raise ValueError(
@@ -242,17 +249,6 @@ def _check_call(function: Any, args: Any, kwargs: Any) -> tuple[tuple, dict]:
             + f": {error}. Pass matching arguments."
         ) from None
     return tuple(args), dict(kwargs)
-
-
-def _choose_platform(name: Any, devices: list[int] | None, hardware: Hardware) -> Platform:
-    chosen = default_platform(hardware) if name is None else platform_named(name)
-    if devices is not None and not chosen.chooses_devices:
-        if name is None:
-            return platform_named("cuda")  # devices= names GPUs where there are none
-        raise ValueError(
-            f"devices= chooses accelerator devices (GPUs); the {chosen.name} backend takes none."
-        )
-    return chosen
 
 
 def _check_devices_fit(platform: Platform, wanted: int, values: dict, hardware: Hardware) -> None:

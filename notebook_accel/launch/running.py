@@ -79,7 +79,12 @@ def run_plan(
             # A stop press anywhere in the launch becomes a request the launch
             # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
-                plan = _warm_before_start(plan, warmer)
+                if plan.start_method == "fork":
+                    # What earlier launches left queued is imported before the workers
+                    # start. If that started a device runtime (a module past warming's
+                    # guard), this process can no longer fork device workers: they start fresh.
+                    import_worker_code()
+                    plan = with_start_method(plan, "auto") if warmer.start() else plan
                 if plan.fresh_start_reason:
                     warnings.warn(fresh_start_message(plan), FreshStartWarning, stacklevel=2)
                 _run_workers(plan, emit, stop_or_interrupt)
@@ -90,7 +95,10 @@ def run_plan(
         emit(RunEnded(error))
         # Queues what the workers imported for later: it never lengthens this call.
         warmer.finish(interrupted=isinstance(error, KeyboardInterrupt))
-    return _returned(plan, report.results)
+    first = plan.node_rank * plan.local_world_size
+    if plan.return_all:  # None where a worker returned nothing (sys.exit(0))
+        return [report.results.get(rank) for rank in range(first, first + plan.local_world_size)]
+    return report.results.get(first)
 
 
 class FreshStartWarning(UserWarning):
@@ -120,25 +128,6 @@ def _warmer_for(plan: LaunchPlan, report: RunReport) -> RunWarmer:
     elif plan.start_method == "forkserver" and plan.warm:  # launch/template.py warms
         report.warming.finish("in the template")
     return RunWarmer(report.warming, enabled=plan.warm)
-
-
-def _warm_before_start(plan: LaunchPlan, warmer: RunWarmer) -> LaunchPlan:
-    """Import what earlier launches left queued, before this launch's workers start.
-
-    If that started a device runtime after all (a module past warming's guard),
-    this process can no longer fork device workers: they start fresh instead.
-    """
-    if plan.start_method != "fork":
-        return plan
-    import_worker_code()
-    return with_start_method(plan, "auto") if warmer.start() else plan
-
-
-def _returned(plan: LaunchPlan, results: dict[int, Any]) -> Any:
-    first = plan.node_rank * plan.local_world_size
-    if plan.return_all:  # None where a worker returned nothing (sys.exit(0))
-        return [results.get(rank) for rank in range(first, first + plan.local_world_size)]
-    return results.get(first)
 
 
 def _run_workers(plan: LaunchPlan, emit: Emit, stop: StopSignal | None) -> None:
