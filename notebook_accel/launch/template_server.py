@@ -114,7 +114,10 @@ class _Server:
             ready, _, _ = select.select([self.sock, *self.children], [], [], 0 if idle else None)
             for fd in ready:
                 if fd in self.children:
-                    self._reap(fd)
+                    child, worker = self.children.pop(fd)
+                    child.join()  # it has exited: returns at once
+                    child.close()
+                    self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
             if self.sock in ready:
                 self._take_requests()
             elif idle and not ready:
@@ -183,12 +186,6 @@ class _Server:
             traceback.print_exc()
         finally:
             os._exit(1)
-
-    def _reap(self, sentinel: int) -> None:
-        child, worker = self.children.pop(sentinel)
-        child.join()  # it has exited: returns at once
-        child.close()
-        self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
 
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:
