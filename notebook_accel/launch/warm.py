@@ -210,8 +210,7 @@ def _import_next(credit: Warming) -> bool:
             _forget(warming)
             warming.problem = credit.problem
             warming.finish("stopped")
-        return False
-    return True
+    return problem is None
 
 
 def _deferred_step() -> None:
