@@ -217,11 +217,8 @@ class _LivePickler(_WorkerPickler):
 def _global_names(code: types.CodeType) -> set[str]:
     """The names `code` and the code nested in it (comprehensions, inner functions) look
     up, global ones among them."""
-    names = set(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names |= _global_names(constant)
-    return names
+    nested = (_global_names(c) for c in code.co_consts if isinstance(c, types.CodeType))
+    return set(code.co_names).union(*nested)
 
 
 def _on_worker_device(
