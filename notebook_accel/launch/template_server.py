@@ -201,8 +201,6 @@ class _Server:
                 self.queue.append(name)
 
     def _import(self, name: str) -> None:
-        """Import `name` with every device runtime's start refused; stop warming, and
-        forking, if a device runtime or a thread started anyway."""
         if name in sys.modules:
             return
         before, started = len(sys.modules), time.perf_counter()
