@@ -6,7 +6,7 @@ held in the child forever; the child waits on it the first time it needs it
 (seen: c10's monitor mutex taken while another launch created its store,
 glibc's resolver lock taken by a name lookup). So every step of a launch that
 takes such locks (binding the rendezvous port, creating or destroying the
-store, joining a process group in this process) runs under `fork_lock()`,
+store, joining a process group in this process) runs under `guarded()`,
 and so does every fork; two launches in two threads then never fork while
 the other is inside one of those steps. The lock is re-entrant and is made
 new in a forked child (`os.register_at_fork`), where the copy would be held.
@@ -44,13 +44,6 @@ def _new_lock_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_in_child)
-
-
-@contextlib.contextmanager
-def fork_lock() -> Iterator[None]:
-    """Hold the process-wide lock that forks and store creation take (re-entrant)."""
-    with _FORK_LOCK:  # the lock of the moment; a forked child gets a new one
-        yield
 
 
 def parent_only(fd: int) -> None:
@@ -148,7 +141,7 @@ def heap_frozen() -> Iterator[None]:
 @contextlib.contextmanager
 def guarded() -> Iterator[None]:
     """Both: no other launch forks, and an interrupt waits, until the block ends."""
-    with interrupts_deferred(), fork_lock():
+    with interrupts_deferred(), _FORK_LOCK:  # the lock of the moment: a child gets a new one
         yield
 
 

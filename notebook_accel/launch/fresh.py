@@ -9,10 +9,8 @@ again (about 1.5 s). The worker runs exactly the code a forked one runs
 - The kernel starts `python -c <bootstrap>` with `subprocess` (an exec, so
   nothing of the kernel's runtime or locks comes along) and passes it the
   write ends of its pipes by number.
-- The function and its arguments travel by value (launch/packing.py), so a
-  function, class or closure defined in a notebook cell works as it does in
-  a forked worker. They are pickled once per launch into an in-memory file
-  that every worker reads.
+- The function and its arguments travel by value (launch/packing.py), pickled
+  once per launch into an in-memory file that every worker reads.
 
 Start method "forkserver" (launch/template.py) forks the workers from one such
 interpreter, started once; they run the same code from `run_shipped` on.
@@ -84,11 +82,9 @@ class FreshProcess(PidfdProcess):
 
     @property
     def exitcode(self) -> int | None:
-        """The exit status once it has exited (minus the signal's number if killed)."""
         return None if self._popen is None else self._popen.poll()
 
     def join(self, timeout: float | None = None) -> None:
-        """Wait at most `timeout` seconds for it to exit."""
         if self._popen is not None:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self._popen.wait(timeout)

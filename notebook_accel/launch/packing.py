@@ -18,6 +18,7 @@ import sys
 import types
 import weakref
 from collections.abc import Callable
+from functools import lru_cache
 from typing import Any
 
 import cloudpickle
@@ -128,22 +129,29 @@ def pack_for_cluster(function: Any, args: tuple, kwargs: dict) -> bytes:
 def _modules_beside_the_code() -> list[types.ModuleType]:
     """Imported modules that are files of their own, outside the standard library and
     the installed packages (this package included: every node has it)."""
-    import site
-    import sysconfig
-
-    paths = sysconfig.get_paths()
-    roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    roots += site.getsitepackages()
-    roots.append(site.getusersitepackages())
-    installed = tuple(os.path.join(os.path.realpath(root), "") for root in roots if root)
     found = []
     for name, module in list(sys.modules.items()):
         origin = getattr(module, "__file__", None)
         if not origin or name in ("__main__", "__mp_main__") or name.startswith("notebook_accel"):
             continue
-        if not os.path.realpath(origin).startswith(installed):
+        if not os.path.realpath(origin).startswith(installed_roots()):
             found.append(module)
     return found
+
+
+@lru_cache(maxsize=1)
+def installed_roots() -> tuple[str, ...]:
+    """The directories of the standard library, of installed packages and of notebook_accel,
+    each as given and resolved, ending in a separator: code under them is on every machine."""
+    import site
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
+    roots += [*site.getsitepackages(), site.getusersitepackages()]
+    roots.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    real = (os.path.abspath, os.path.realpath)
+    return tuple(sorted({os.path.join(path(r), "") for r in roots if r for path in real}))
 
 
 class _WorkerPickler(cloudpickle.Pickler):
@@ -209,11 +217,8 @@ class _LivePickler(_WorkerPickler):
 def _global_names(code: types.CodeType) -> set[str]:
     """The names `code` and the code nested in it (comprehensions, inner functions) look
     up, global ones among them."""
-    names = set(code.co_names)
-    for constant in code.co_consts:
-        if isinstance(constant, types.CodeType):
-            names |= _global_names(constant)
-    return names
+    nested = (_global_names(c) for c in code.co_consts if isinstance(c, types.CodeType))
+    return set(code.co_names).union(*nested)
 
 
 def _on_worker_device(

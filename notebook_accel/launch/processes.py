@@ -30,10 +30,6 @@ TERMINATE_GRACE_SECONDS = 0.8
 # After SIGKILL, how long to wait for a process to be reaped.
 KILL_REAP_SECONDS = 10.0
 
-_BOOTSTRAP = (
-    "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
-    "from {module} import {function}; {function}(sys.argv[2:])"
-)
 _PR_SET_PDEATHSIG = 1
 
 
@@ -55,7 +51,10 @@ class ProcessHandle(Protocol):
 def bootstrap(module: str, function: str) -> str:
     """The code a new interpreter runs: the starting process's sys.path, then
     `module.function(args)` with the arguments `start_interpreter` gave it."""
-    return _BOOTSTRAP.format(module=module, function=function)
+    return (
+        "import sys, json; sys.path[:] = json.loads(sys.argv[1]); "
+        f"from {module} import {function}; {function}(sys.argv[2:])"
+    )
 
 
 def start_interpreter(code: str, *args: object, **popen: Any) -> subprocess.Popen:

@@ -461,9 +461,8 @@ class _Template:
 
     def preload(self, modules: dict[str, str | None]) -> None:
         """Send modules to import (in messages of a bounded size)."""
-        items = list(modules.items())
-        for start in range(0, len(items), _MODULES_PER_MESSAGE):
-            chunk = dict(items[start : start + _MODULES_PER_MESSAGE])
+        items = iter(modules.items())
+        while chunk := dict(itertools.islice(items, _MODULES_PER_MESSAGE)):
             self._send({"kind": "preload", "modules": chunk})
 
     def request(self, message: dict, fds: list[int]) -> tuple[dict, list[int]]:
@@ -579,7 +578,6 @@ class _Template:
             self._answers[message["id"]] = (message, fds)
             return
         close_all(fds)
-        status = self.status
         if kind == "exit":
             self._exits[message["worker"]] = message["code"]
         elif kind == "ready":
@@ -587,11 +585,11 @@ class _Template:
         elif kind == "unusable":
             self._retire(message["reason"])
         elif kind == "warmed":
-            status.warmed.append(message["module"])
-            status.warm_seconds += message["seconds"]
-            status.imported += message["imported"]
+            self.status.warmed.append(message["module"])
+            self.status.warm_seconds += message["seconds"]
+            self.status.imported += message["imported"]
         elif kind == "skipped":
-            status.skipped.update(message["modules"])
+            self.status.skipped.update(message["modules"])
         elif kind == "stopped":
             # No lock for the set: _STATE.lock is taken before this one elsewhere.
             _STATE.refused.add(message["module"])

@@ -114,7 +114,10 @@ class _Server:
             ready, _, _ = select.select([self.sock, *self.children], [], [], 0 if idle else None)
             for fd in ready:
                 if fd in self.children:
-                    self._reap(fd)
+                    child, worker = self.children.pop(fd)
+                    child.join()  # it has exited: returns at once
+                    child.close()
+                    self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
             if self.sock in ready:
                 self._take_requests()
             elif idle and not ready:
@@ -184,12 +187,6 @@ class _Server:
         finally:
             os._exit(1)
 
-    def _reap(self, sentinel: int) -> None:
-        child, worker = self.children.pop(sentinel)
-        child.join()  # it has exited: returns at once
-        child.close()
-        self._send({"kind": "exit", "worker": worker, "code": child.exitcode})
-
     def _queue(self, modules: dict[str, str | None]) -> None:
         if self.stopped is not None:
             return
@@ -204,8 +201,6 @@ class _Server:
                 self.queue.append(name)
 
     def _import(self, name: str) -> None:
-        """Import `name` with every device runtime's start refused; stop warming, and
-        forking, if a device runtime or a thread started anyway."""
         if name in sys.modules:
             return
         before, started = len(sys.modules), time.perf_counter()

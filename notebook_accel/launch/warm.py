@@ -47,16 +47,14 @@ import importlib
 import importlib.util
 import itertools
 import os
-import site
 import sys
-import sysconfig
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from notebook_accel.launch.forking import guarded
+from notebook_accel.launch.packing import installed_roots
 from notebook_accel.reporting.report import Warming
 
 # Imported by the first torch.optim optimizer a process builds (its
@@ -212,8 +210,7 @@ def _import_next(credit: Warming) -> bool:
             _forget(warming)
             warming.problem = credit.problem
             warming.finish("stopped")
-        return False
-    return True
+    return problem is None
 
 
 def _deferred_step() -> None:
@@ -308,25 +305,13 @@ def choose(imported: Mapping[str, str | None]) -> tuple[list[str], dict[str, str
             skipped[name] = "the notebook's own code"
         elif origin is None and name not in sys.builtin_module_names:
             skipped[name] = "no file (a namespace package, or a module made at run time)"
-        elif origin is not None and not os.path.abspath(origin).startswith(_installed_roots()):
+        elif origin is not None and not os.path.abspath(origin).startswith(installed_roots()):
             skipped[name] = (
                 "not an installed package (code next to the notebook runs only where it is called)"
             )
         else:
             names.append(name)
     return names, skipped
-
-
-@lru_cache(maxsize=1)
-def _installed_roots() -> tuple[str, ...]:
-    """Directories of the standard library and of installed packages, notebook_accel's own."""
-    paths = sysconfig.get_paths()
-    roots = [paths[key] for key in ("stdlib", "platstdlib", "purelib", "platlib") if key in paths]
-    roots += site.getsitepackages()
-    roots.append(site.getusersitepackages())
-    roots.append(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    real = (os.path.abspath, os.path.realpath)
-    return tuple(sorted({os.path.join(path(r), "") for r in roots if r for path in real}))
 
 
 @dataclass

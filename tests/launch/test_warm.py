@@ -38,8 +38,8 @@ def stand_ins(tmp_path, monkeypatch):
     for directory in (site, notebook):
         directory.mkdir()
         monkeypatch.syspath_prepend(str(directory))
-    roots = warm._installed_roots()
-    monkeypatch.setattr(warm, "_installed_roots", lambda: (*roots, str(site) + "/"))
+    roots = warm.installed_roots()
+    monkeypatch.setattr(warm, "installed_roots", lambda: (*roots, str(site) + "/"))
     written: list[str] = []
 
     def write(name: str, source: str, installed: bool = False) -> str:

@@ -146,8 +146,8 @@ def installed_module(tmp_path, monkeypatch):
     site = tmp_path / "site-packages"
     site.mkdir()
     monkeypatch.syspath_prepend(str(site))
-    roots = warm._installed_roots()
-    monkeypatch.setattr(warm, "_installed_roots", lambda: (*roots, str(site) + "/"))
+    roots = warm.installed_roots()
+    monkeypatch.setattr(warm, "installed_roots", lambda: (*roots, str(site) + "/"))
     monkeypatch.setattr(warm, "_PROCESS", warm._ProcessWarming())
     written = []
 
@@ -232,8 +232,8 @@ INTERRUPTED_WARMING = """
 import os, signal, sys, threading, time
 sys.path.insert(0, sys.argv[1])
 from notebook_accel.launch import warm
-roots = warm._installed_roots()
-warm._installed_roots = lambda: (*roots, sys.argv[1] + "/")
+roots = warm.installed_roots()
+warm.installed_roots = lambda: (*roots, sys.argv[1] + "/")
 from notebook_accel import last_run, notebook_launcher
 
 def train():
