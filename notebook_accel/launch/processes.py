@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import IO, Any, Protocol
 
 import psutil
@@ -122,12 +122,6 @@ class ForkedProcess(multiprocessing.context.ForkProcess):
                 os.kill(self.pid, signum)
 
 
-class ForkContext(multiprocessing.context.ForkContext):
-    """multiprocessing's fork context, whose processes are `ForkedProcess`es."""
-
-    Process = ForkedProcess
-
-
 class PidfdProcess:
     """A process watched through a pidfd, its `sentinel`, which also signals it free of
     pid reuse. A subclass says what `exitcode` is."""
@@ -181,11 +175,7 @@ class OtherProcess:
     @classmethod
     def of(cls, pids: Iterable[int]) -> list[OtherProcess]:
         """Handles on those of `pids` that run now."""
-        found = []
-        for pid in pids:
-            with contextlib.suppress(psutil.Error):
-                found.append(cls(psutil.Process(pid)))
-        return found
+        return [cls(process) for process in of_each(pids, lambda process: [process])]
 
     @property
     def exitcode(self) -> int | None:
@@ -208,6 +198,15 @@ class OtherProcess:
 
     def close(self) -> None:
         """Nothing to release."""
+
+
+def of_each(pids: Iterable[int], get: Callable[[psutil.Process], list[Any]]) -> list[Any]:
+    """`get(process)` of each of the processes `pids` that is still there, concatenated."""
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            found += get(psutil.Process(pid))
+    return found
 
 
 def start_detached(target: str, args: list[str], log: IO[bytes], seconds: float) -> int | None:

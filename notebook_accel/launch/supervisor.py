@@ -45,11 +45,11 @@ from notebook_accel.launch.output_pipes import PYTHON_PIPE, FramedLines, StreamL
 from notebook_accel.launch.processes import (
     KILL_REAP_SECONDS,
     TERMINATE_GRACE_SECONDS,
-    ForkContext,
     ForkedProcess,
     OtherProcess,
     end_processes,
     kill_group,
+    of_each,
 )
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
@@ -634,14 +634,13 @@ class WorkerGroup(WorkerGroupBase):
                 spec_fd = ship(self.spec)  # pickled once, read by every worker
                 make = functools.partial(start, spec_fd)
             else:
-                context = ForkContext()
 
                 def make(local_rank: int, pipes: WorkerPipes, name: str) -> ForkedProcess:
                     # The child must hold no read end of any pipe (its own, those of the
                     # workers started before it, those of another launch), nor a socket or
                     # janitor pipe of this process.
                     args = (self.spec, local_rank, pipes, parent_only_fds(), os.getpid())
-                    return context.Process(target=worker_main, args=args, name=name, daemon=False)
+                    return ForkedProcess(target=worker_main, args=args, name=name, daemon=False)
 
             try:
                 for local_rank in self.local_ranks:
@@ -817,7 +816,7 @@ class WorkerGroup(WorkerGroupBase):
         # Listed before the workers go: their children are re-parented after.
         # (Those in a worker's process group go with it; this finds the ones
         # that left it, started while the worker ran.)
-        descendants = _of_each([w.process.pid for w in alive], lambda p: p.children(recursive=True))
+        descendants = of_each([w.process.pid for w in alive], lambda p: p.children(recursive=True))
         end_processes([w.process for w in alive], TERMINATE_GRACE_SECONDS, KILL_REAP_SECONDS)
         # What the workers started, including the children of a worker that
         # exited by itself (re-parented, but still in its process group).
@@ -859,15 +858,6 @@ def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
     )
 
 
-def _of_each(pids: list[int], get: Callable[[psutil.Process], list[Any]]) -> list[Any]:
-    """`get(process)` of each of the processes `pids` that is still there, concatenated."""
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            found += get(psutil.Process(pid))
-    return found
-
-
 def write_before(fd: int, data: bytes, deadline: float) -> None:
     """Write all of `data` to the non-blocking descriptor `fd`; TimeoutError if its
     reader has not taken it before `deadline` (it is stuck, or gone)."""
@@ -883,5 +873,5 @@ def write_before(fd: int, data: bytes, deadline: float) -> None:
 
 def connection_addresses(pids: list[int]) -> list[tuple[str, int]]:
     """The local address of every TCP connection the processes `pids` hold."""
-    connections = _of_each(pids, lambda process: process.net_connections("tcp"))
+    connections = of_each(pids, lambda process: process.net_connections("tcp"))
     return sorted({(c.laddr.ip, c.laddr.port) for c in connections})
