@@ -71,8 +71,8 @@ class DetachedRun:
             start_method=record.start_method,
             main_rank=record.main_rank,
             started_at=record.created,
+            checkpoint=record.checkpoint,
         )
-        self.report.checkpoint = record.checkpoint
         self._feed = RunFeed(self.report)
         self._lock = threading.Lock()  # one follower reads the log at a time
         self._ended = threading.Event()
@@ -89,7 +89,7 @@ class DetachedRun:
         """ "starting", "running", "finished", "failed", "stopped", "timed out" or "lost"."""
         if self._ended.is_set():
             return "lost" if isinstance(self.report.error, RunLostError) else self.report.status
-        return self.state_now()
+        return "lost" if self.keeper_gone() else self.record.state
 
     def __repr__(self) -> str:
         return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
@@ -108,10 +108,6 @@ class DetachedRun:
     def on_lost(self) -> str:
         """Record the loss where the run is kept; return why it was lost, if known."""
         return ""
-
-    def state_now(self) -> str:
-        """The state the keeper's record says now (the run has not ended here)."""
-        return "lost" if self.keeper_gone() else self.record.state
 
     def ask_to_stop(self) -> bool:
         """Tell the keeper to stop the run; False if it is gone already."""
