@@ -73,8 +73,11 @@ def open_private(path: Path, append: bool = False) -> int:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    with os.fdopen(open_private(path), "wb") as file:
+    """Replace `path` whole with `data`, a private file: a reader sees the old or the new."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(open_private(partial), "wb") as file:
         file.write(data)
+    os.replace(partial, path)
 
 
 def plan_bytes(plan: Any) -> bytes:
@@ -157,11 +160,13 @@ class RunDirectory:
     @classmethod
     def create(cls, plan: Any, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with the first record of a
-        run of `plan` (`RunRecord.of_plan`)."""
+        run of `plan` (`RunRecord.of_plan`) and the launch (`plan_bytes`), for its keeper
+        and `resume`."""
         record = RunRecord.of_plan(plan, **fields)
         directory = cls(runs_root() / record.id)
         directory.path.mkdir(mode=0o700)
         directory.write(record)
+        write_private(directory.path / PLAN_FILE, plan_bytes(plan))
         return directory
 
     def read(self) -> RunRecord:
@@ -171,13 +176,8 @@ class RunDirectory:
         return RunRecord(**{name: value for name, value in data.items() if name in known})
 
     def write(self, record: RunRecord) -> None:
-        partial = self.path / f".{RECORD_FILE}.{os.getpid()}"
-        write_private(partial, json.dumps(dataclasses.asdict(record), indent=1).encode())
-        os.replace(partial, self.path / RECORD_FILE)
-
-    def write_plan(self, plan: Any) -> None:
-        """The launch (`plan_bytes`), for its keeper and `resume`."""
-        write_private(self.path / PLAN_FILE, plan_bytes(plan))
+        text = json.dumps(dataclasses.asdict(record), indent=1)
+        write_private(self.path / RECORD_FILE, text.encode())
 
     def read_plan(self) -> Any:
         return plan_from_bytes((self.path / PLAN_FILE).read_bytes())
@@ -219,9 +219,8 @@ class RunDirectory:
 
 def run_directories() -> list[RunDirectory]:
     """This user's runs, the oldest first."""
-    root = runs_root()
     found = []
-    for path in root.iterdir():
+    for path in runs_root().iterdir():
         directory = RunDirectory(path)
         with contextlib.suppress(OSError, ValueError, TypeError):  # not a run's, or half made
             found.append((directory.read().created, directory))

@@ -147,9 +147,7 @@ class EventLogWriter(EventLog):
 
     def _compacted(self) -> None:
         number = self.number + 1
-        partial = self.directory / f".partial{_SUFFIX}"
-        write_private(partial, self.read())
-        os.replace(partial, segment_path(self.directory, number))
+        write_private(segment_path(self.directory, number), self.read())
         old, self._fd = self._fd, self._open(number)
         os.close(old)
         segment_path(self.directory, self.number).unlink(missing_ok=True)
