@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.launch.plan import ENV_RESUME_FROM
-from notebook_accel.launch.runs.detached import DetachedRun, RunLostError  # noqa: F401
+from notebook_accel.launch.runs.detached import DetachedRun
 from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, find_run, run_directories
 from notebook_accel.launch.runs.local import LocalRun
 from notebook_accel.reporting.observers import ConsoleObserver
