@@ -160,11 +160,9 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            relayed = self._answer(ref, worker, ray.exceptions.RayError, "its agent failed")
-            if relayed is not None:
-                self._deliver(worker, relayed)
-                if not worker.ended:
-                    self._relay(worker)
+            self._deliver(ref, worker)
+            if not worker.ended:
+                self._relay(worker)
 
     def _answer(
         self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
@@ -182,8 +180,10 @@ class RayWorkerGroup(WorkerGroupBase):
     def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self.pool.agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
-    def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
-        for item in relayed:
+    def _deliver(self, ref: Any, worker: SupervisedWorker) -> None:
+        """Take in what `worker`'s agent relayed in answer to `ref` (nothing if it was lost)."""
+        relayed = self._answer(ref, worker, self._ray.exceptions.RayError, "its agent failed")
+        for item in relayed or ():
             if isinstance(item, tuple):
                 stream, data = item
                 self.take(self._pipes[(worker.rank, stream)], data)
@@ -200,10 +200,8 @@ class RayWorkerGroup(WorkerGroupBase):
         super().on_event(worker, event)
 
     def _warm_agents(self, modules: tuple[tuple[str, str | None], ...]) -> None:
-        """Have every agent import what a worker had to import itself, while the workers
-        train (as the kernel does for its own workers: launch/warm.py), so that the next
-        launch's workers start with it. A worker of each node reports at its milestones;
-        its peers import the same, so every agent is told."""
+        """Have every agent import what a worker had to import itself (`NodeAgent.warm`)
+        while the workers train: one worker of each node reports, its peers import the same."""
         new = [module for module in modules if module[0] not in self._imported]
         if new:
             self._imported.update(name for name, _ in new)
@@ -290,9 +288,7 @@ class RayWorkerGroup(WorkerGroupBase):
             stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
             ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
             for ref in ready:
-                relayed = self._answer(ref, stops[ref], ray.exceptions.RayError, "its agent failed")
-                if relayed is not None:
-                    self._deliver(stops[ref], relayed)
+                self._deliver(ref, stops[ref])
             late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
             for ref in unready:
                 self._lose(stops[ref], None, because=late)
