@@ -82,9 +82,8 @@ class NodeAgent:
         return True
 
     def open_store(self, timeout: float) -> int:
-        """Bind the store's port on this node's address (rank 0's agent); return it.
-
-        The store itself starts once this agent's worker is forked (`start`)."""
+        """Bind the store's port on this node's address (rank 0's agent) and return it; the
+        store itself starts once this agent's worker is forked (`start`)."""
         import ray
 
         with self._lock:
@@ -103,12 +102,11 @@ class NodeAgent:
             environment = {**spec.environment, **_loopback_interfaces(spec.environment)}
             spec = dataclasses.replace(spec, shipped=shipped, environment=environment)
             self._outbox.clear()
-            group = _RelayGroup(spec, self._outbox.append, local_ranks=[local_rank])
-            self._group = group
-            group.start()
+            self._group = _RelayGroup(spec, self._outbox.append, local_ranks=[local_rank])
+            self._group.start()
             if self._rendezvous is not None:
                 self._rendezvous.serve()
-            return int(group.workers[0].process.pid)
+            return int(self._group.workers[0].process.pid)
 
     def events(self, seconds: float) -> list[Any]:
         """What the worker did since the last call: `(stream, bytes)` for its output
