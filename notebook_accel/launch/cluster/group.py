@@ -85,10 +85,11 @@ class RayWorkerGroup(WorkerGroupBase):
 
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
+        ray = self._ray
         first = self.pool.agents[0].open_store.remote(self.rendezvous_timeout)
         [port] = wait_for([first], AGENT_START_SECONDS, interrupt)
         master = self.pool.places[0].info.address
-        shipped = self._ray.put(self.spec.shipped)
+        shipped = ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
             worker = SupervisedWorker(
@@ -100,7 +101,19 @@ class RayWorkerGroup(WorkerGroupBase):
             self._pipes[(place.rank, "channel")].reader = ChannelReader(place.rank)
             spec = self._spec_for(place, master, port)
             starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
-        self._wait_started(starts, interrupt)
+        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
+        deadline = time.monotonic() + AGENT_START_SECONDS
+        pending = list(starts)
+        while pending and time.monotonic() < deadline:
+            if interrupt is not None and interrupt():
+                raise KeyboardInterrupt("the run was stopped")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
+            for ref in ready:
+                if self._answer(ref, starts[ref], failed, because) is not None:
+                    self._relay(starts[ref])
+        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
+        for ref in pending:
+            self._lose(starts[ref], None, because=late)
 
     def _spec_for(self, place: Place, master: str, port: int) -> WorkerSpec:
         environment = {
@@ -119,30 +132,12 @@ class RayWorkerGroup(WorkerGroupBase):
             shipped=None,
             node_rank=place.node_index,
             local_world_size=place.local_world_size,
-            first_rank=place.first_rank,
+            first_rank=place.rank - place.local_rank,
             main_rank=0,
             environment=environment,
             start_method="fork",
             own_main=True,
         )
-
-    def _wait_started(
-        self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
-    ) -> None:
-        ray = self._ray
-        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
-        deadline = time.monotonic() + AGENT_START_SECONDS
-        pending = list(starts)
-        while pending and time.monotonic() < deadline:
-            if interrupt is not None and interrupt():
-                raise KeyboardInterrupt("the run was stopped")
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
-            for ref in ready:
-                if self._answer(ref, starts[ref], failed, because) is not None:
-                    self._relay(starts[ref])
-        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
-        for ref in pending:
-            self._lose(starts[ref], None, because=late)
 
     # -- watching --------------------------------------------------------------
 
@@ -167,8 +162,7 @@ class RayWorkerGroup(WorkerGroupBase):
     def _answer(
         self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
     ) -> Any:
-        """What `worker`'s agent answered to the call `ref`, or None with the worker lost:
-        its agent is gone, or the call raised `failed` (`because` says)."""
+        """What `worker`'s agent answered to `ref`, or None with the worker lost (`_lose`)."""
         try:
             return self._ray.get(ref)
         except self._ray.exceptions.RayActorError as error:
@@ -195,18 +189,15 @@ class RayWorkerGroup(WorkerGroupBase):
                 self.emit(item)
 
     def on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
+        # Every agent imports what a worker had to import itself (NodeAgent.warm) while the
+        # workers train: one worker of each node reports, its peers import the same.
         if isinstance(event, ModulesImported):
-            self._warm_agents(event.modules)
+            new = [module for module in event.modules if module[0] not in self._imported]
+            if new:
+                self._imported.update(name for name, _ in new)
+                for agent in self.pool.agents:
+                    agent.warm.remote(new)
         super().on_event(worker, event)
-
-    def _warm_agents(self, modules: tuple[tuple[str, str | None], ...]) -> None:
-        """Have every agent import what a worker had to import itself (`NodeAgent.warm`)
-        while the workers train: one worker of each node reports, its peers import the same."""
-        new = [module for module in modules if module[0] not in self._imported]
-        if new:
-            self._imported.update(name for name, _ in new)
-            for agent in self.pool.agents:
-                agent.warm.remote(new)
 
     def _flush(self, worker: SupervisedWorker) -> None:
         for stream in OUTPUT_STREAMS:
