@@ -69,12 +69,11 @@ class NodeAgent:
         import ray
 
         context = ray.get_runtime_context()
-        gpus = context.get_accelerator_ids().get("GPU", [])
         return AgentInfo(
             node_id=context.get_node_id(),
             address=ray.util.get_node_ip_address(),
             pid=os.getpid(),
-            gpu_ids=tuple(str(gpu) for gpu in gpus),
+            gpu_ids=tuple(str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])),
         )
 
     def ping(self) -> bool:

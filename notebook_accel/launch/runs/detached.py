@@ -131,8 +131,7 @@ class DetachedRun:
                 return False
             if self._take_new():  # what the keeper logged before it went
                 return True
-            why = self.on_lost()
-            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, why)))
+            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, self.on_lost())))
             return True
 
     def _take_new(self) -> bool:

@@ -69,9 +69,7 @@ class RunList(list):
     """`runs()`: a list of RunSummary, shown as a table."""
 
     def __repr__(self) -> str:
-        if not self:
-            return "no detached runs"
-        return "\n".join(str(summary) for summary in self)
+        return "\n".join(map(str, self)) or "no detached runs"
 
 
 def runs(ray_address: str | None = None) -> RunList:
