@@ -160,8 +160,7 @@ class RunDirectory:
     @classmethod
     def create(cls, plan: Any, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with the first record of a
-        run of `plan` (`RunRecord.of_plan`) and the launch (`plan_bytes`), for its keeper
-        and `resume`."""
+        run of `plan` (`RunRecord.of_plan`) and the launch for its keeper and `resume`."""
         record = RunRecord.of_plan(plan, **fields)
         directory = cls(runs_root() / record.id)
         directory.path.mkdir(mode=0o700)
@@ -203,8 +202,7 @@ class RunDirectory:
         return OtherProcess(process) if same and alive else None
 
     def state(self, record: RunRecord | None = None) -> str:
-        """The run's state (as `record`, read now if None, says), "lost" for a run whose
-        keeper is gone before its end."""
+        """The run's state, as `record` (read now if None) says; "lost" if its keeper died first."""
         record = record or self.read()
         if record.ended_state or record.keeper_pid is None or self.keeper(record) is not None:
             return record.state

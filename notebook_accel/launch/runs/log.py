@@ -76,8 +76,7 @@ def decode(data: bytes) -> tuple[list[tuple[int, RunEvent]], bytes]:
 
 
 def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
-    """The entries (sequence number, event, ...) a compacted log starts with: all but each
-    rank's older output lines, progress updates and memory samples."""
+    """The entries (sequence number, event, ...) a compacted log starts with (see above)."""
     lines_left: Counter = Counter()
     seen = set()  # (kind, rank) of the newest progress update and memory sample
     kept = []
