@@ -63,8 +63,6 @@ class NodeAgent:
         self._group: _RelayGroup | None = None
         self._rendezvous: Rendezvous | None = None
 
-    # -- the node ----------------------------------------------------------------
-
     def describe(self) -> AgentInfo:
         import ray
 
@@ -90,8 +88,6 @@ class NodeAgent:
             address = ray.util.get_node_ip_address()
             self._rendezvous = Rendezvous(address, None, timeout, forks=True).__enter__()
             return int(self._rendezvous.port)
-
-    # -- the worker ----------------------------------------------------------------
 
     def start(self, spec: WorkerSpec, shipped: bytes, local_rank: int) -> int:
         """Fork the worker of `local_rank` from `spec` (the function and its arguments
@@ -172,8 +168,6 @@ class NodeAgent:
         # Each import takes the fork lock: no worker is forked from a half-done import.
         warmer.drain()
         return list(warming.modules)
-
-    # -- plumbing ----------------------------------------------------------------
 
     def _take_outbox(self) -> list[Any]:
         relayed = list(self._outbox)

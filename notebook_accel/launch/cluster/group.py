@@ -81,8 +81,6 @@ class RayWorkerGroup(WorkerGroupBase):
         self._imported: set[str] = set()  # the modules every agent was told to import
         self._stopped = False
 
-    # -- starting --------------------------------------------------------------
-
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
         ray = self._ray
@@ -138,8 +136,6 @@ class RayWorkerGroup(WorkerGroupBase):
             start_method="fork",
             own_main=True,
         )
-
-    # -- watching --------------------------------------------------------------
 
     def poll_until(self, until: float | None) -> None:
         ray = self._ray
@@ -220,6 +216,25 @@ class RayWorkerGroup(WorkerGroupBase):
         self._flush(worker)
         self.exited(worker, None, lost=lost)
 
+    def stop(self) -> None:
+        """Have every agent end its worker; take their last output (once)."""
+        with interrupts_deferred():
+            if self._stopped:
+                return
+            self._stopped = True
+            ray = self._ray
+            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
+            ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
+            for ref in ready:
+                self._deliver(ref, stops[ref])
+            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
+            for ref in unready:
+                self._lose(stops[ref], None, because=late)
+            for worker in self.workers:
+                if not worker.ended:
+                    self._flush(worker)
+            self._polls.clear()
+
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
     def take_prompt(self, worker: SupervisedWorker) -> str:
@@ -266,27 +281,6 @@ class RayWorkerGroup(WorkerGroupBase):
             with suppress(ray.exceptions.RayError):
                 found.update(tuple(address) for address in ray.get(ref))
         return sorted(found)
-
-    # -- stopping --------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Have every agent end its worker; take their last output (once)."""
-        with interrupts_deferred():
-            if self._stopped:
-                return
-            self._stopped = True
-            ray = self._ray
-            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
-            ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
-            for ref in ready:
-                self._deliver(ref, stops[ref])
-            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
-            for ref in unready:
-                self._lose(stops[ref], None, because=late)
-            for worker in self.workers:
-                if not worker.ended:
-                    self._flush(worker)
-            self._polls.clear()
 
 
 @contextmanager
