@@ -225,9 +225,8 @@ def end_new_descendants(running_before: set[int]) -> None:
 def _check_reachable(address: str) -> None:
     if address == "auto":
         return  # Ray finds the cluster of this machine itself, or says there is none
-    host, port = _host_and_port(address)
     try:
-        socket.create_connection((host, port), timeout=REACH_SECONDS).close()
+        socket.create_connection(_host_and_port(address), timeout=REACH_SECONDS).close()
     except OSError as error:
         raise ConnectionError(
             f"cannot reach the Ray cluster at {address!r} ({error.strerror or error}); "

@@ -7,9 +7,8 @@ calls) is the same code as for local workers. The workers' agents come from
 a pool (pool.py): rank 0's agent binds the store on its node, then every agent
 forks its worker with the rank's environment (MASTER_ADDR is rank 0's node).
 The function and its arguments travel once, by value, through Ray's object
-store. What the agents relay (agent.py) becomes lines and events here exactly
-as a local worker's output does. Nothing connects back to the kernel: only the
-kernel reaches the cluster, so Ray Client (`ray://`) works too.
+store. Nothing connects back to the kernel: only the kernel reaches the
+cluster, so Ray Client (`ray://`) works too.
 """
 
 from __future__ import annotations

@@ -90,10 +90,9 @@ class WorkerPool:
 
     def release(self) -> None:
         """Kill every agent and remove the placement group (once; never raises)."""
-        if self._released:
-            return
-        self._released = True
-        self._release(self.placement_group, self.agents)
+        if not self._released:
+            self._released = True
+            self._release(self.placement_group, self.agents)
 
 
 def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
@@ -126,7 +125,6 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
         for worker in range(request.workers):
-            bundle = request.bundle_of(worker)
             agents.append(
                 actor.options(
                     num_cpus=request.cpus_per_worker,
@@ -136,7 +134,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                     max_task_retries=0,
                     runtime_env=AGENT_RUNTIME_ENV,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        group, placement_group_bundle_index=bundle
+                        group, placement_group_bundle_index=request.bundle_of(worker)
                     ),
                 ).remote()
             )
