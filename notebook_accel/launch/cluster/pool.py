@@ -192,7 +192,7 @@ _LOST_NODES: set[str] = set()
 def take_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
     """A pool for `request`: the warm one when it has the same shape and answers, else
     a new one (the warm one is released first, to free what it holds)."""
-    idle = _take_idle()
+    idle = _replace_idle()
     if idle is not None:
         if idle.request.shape == request.shape and idle.answers():
             idle.request = request
@@ -204,16 +204,12 @@ def take_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> 
 def return_pool(pool: WorkerPool, keep: bool) -> None:
     """After a run: keep `pool` warm for its request's `keep_warm` seconds, or release
     it now (`keep` false: it was stopped, or it lost a node)."""
-    global _IDLE, _TIMER
     if not keep or pool.request.keep_warm <= 0:
         pool.release()
         return
     timer = threading.Timer(pool.request.keep_warm, _release_if_idle, args=(pool,))
     timer.daemon = True
-    with _LOCK:
-        previous, _IDLE = _IDLE, pool
-        _cancel_timer()
-        _TIMER = timer
+    previous = _replace_idle(pool, timer)
     if previous is not None and previous is not pool:
         previous.release()
     timer.start()
@@ -221,7 +217,7 @@ def return_pool(pool: WorkerPool, keep: bool) -> None:
 
 def release_idle() -> bool:
     """Release the warm pool now, if there is one; say whether there was."""
-    idle = _take_idle()
+    idle = _replace_idle()
     if idle is not None:
         idle.release()
     return idle is not None
@@ -239,19 +235,17 @@ def node_lost(node_id: str) -> str:
     return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
-def _take_idle() -> WorkerPool | None:
-    global _IDLE
+def _replace_idle(
+    pool: WorkerPool | None = None, timer: threading.Timer | None = None
+) -> WorkerPool | None:
+    """Keep `pool` warm until `timer` releases it (None: no warm pool); return the one before."""
+    global _IDLE, _TIMER
     with _LOCK:
-        idle, _IDLE = _IDLE, None
-        _cancel_timer()
-    return idle
-
-
-def _cancel_timer() -> None:
-    global _TIMER
-    if _TIMER is not None:
-        _TIMER.cancel()
-        _TIMER = None
+        previous, _IDLE = _IDLE, pool
+        if _TIMER is not None:
+            _TIMER.cancel()
+        _TIMER = timer
+    return previous
 
 
 def _release_if_idle(pool: WorkerPool) -> None:
