@@ -178,9 +178,8 @@ class NodeAgent:
         group, self._group = self._group, None
         if group is not None:
             group.stop()
-            for worker in group.workers:
-                if not group.reported_exit:
-                    self._outbox.append(WorkerExited(worker.rank, worker.exitcode))
+            if not group.reported_exit:
+                self._outbox.extend(WorkerExited(w.rank, w.exitcode) for w in group.workers)
 
     def _close_store(self) -> None:
         rendezvous, self._rendezvous = self._rendezvous, None

@@ -187,8 +187,7 @@ class RayWorkerGroup(WorkerGroupBase):
         # Every agent imports what a worker had to import itself (NodeAgent.warm) while the
         # workers train: one worker of each node reports, its peers import the same.
         if isinstance(event, ModulesImported):
-            new = [module for module in event.modules if module[0] not in self._imported]
-            if new:
+            if new := [module for module in event.modules if module[0] not in self._imported]:
                 self._imported.update(name for name, _ in new)
                 for agent in self.pool.agents:
                     agent.warm.remote(new)

@@ -47,8 +47,7 @@ def runs_root() -> Path:
     Raises PermissionError if it exists but another user owns it or others may
     read it: a run's output and results are the user's alone.
     """
-    configured = os.environ.get(ENV_RUNS_DIR)
-    if configured:
+    if configured := os.environ.get(ENV_RUNS_DIR):
         root = Path(configured).expanduser()
     else:
         state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
