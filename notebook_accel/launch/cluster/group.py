@@ -129,7 +129,7 @@ class RayWorkerGroup(WorkerGroupBase):
             shipped=None,
             node_rank=place.node_index,
             local_world_size=place.local_world_size,
-            first_rank=place.rank - place.local_rank,
+            first_rank=place.first_rank,
             main_rank=0,
             environment=environment,
             start_method="fork",

@@ -56,6 +56,7 @@ class Place:
     node_index: int
     local_rank: int
     local_world_size: int
+    first_rank: int
     info: AgentInfo
     # The GPUs of every rank on this node, in local-rank order (CUDA_VISIBLE_DEVICES):
     # cuda:LOCAL_RANK is then this rank's own GPU, as on one machine.
@@ -282,12 +283,14 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
     for rank, index in enumerate(order):
         info = infos[index]
         same_node = [i for i in order if infos[i].node_id == info.node_id]
+        first = order.index(same_node[0])
         places.append(
             Place(
                 rank=rank,
                 node_index=nodes.index(info.node_id),
-                local_rank=rank - order.index(same_node[0]),
+                local_rank=rank - first,
                 local_world_size=len(same_node),
+                first_rank=first,
                 info=info,
                 node_gpu_ids=tuple(gpu for i in same_node for gpu in infos[i].gpu_ids),
             )
