@@ -1,13 +1,12 @@
 """The agent: a Ray actor on a cluster node that runs one rank's worker process.
 
-Ray places one agent per worker (in the launch's placement group, holding
-that worker's GPU or CPUs). The agent imports torch and the worker's runtime
-once, when Ray starts it; each launch then forks the worker from it, exactly
-as a launch on one machine forks from the kernel (launch/supervisor.py's
-WorkerGroup, with launch/worker.py inside the child): fast, and with nothing
-of an earlier run's process state. So the same agents serve launch after
-launch (launch/cluster/pool.py keeps them warm), and a worker that is stopped
-or killed takes nothing of the agent with it.
+The agent (one per worker, placed by launch/cluster/pool.py) imports torch
+and the worker's runtime once, when Ray starts it; each launch then forks the
+worker from it, exactly as a launch on one machine forks from the kernel
+(launch/supervisor.py's WorkerGroup, with launch/worker.py inside the child):
+fast, and with nothing of an earlier run's process state. So the same agents
+serve launch after launch (the pool keeps them warm), and a worker that is
+stopped or killed takes nothing of the agent with it.
 
 The agent parses nothing its worker writes: output and channel bytes are
 relayed as they are, and the kernel turns them into lines and events

@@ -237,8 +237,7 @@ def _check_reachable(address: str) -> None:
 
 
 def _host_and_port(address: str) -> tuple[str, int]:
-    bare = address.removeprefix("ray://")
-    host, _, port = bare.rpartition(":")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(
             f"ray_address={address!r} must be 'auto', 'host:port' (the head's GCS, port "

@@ -33,7 +33,6 @@ from notebook_accel.launch.runs.log import EventLog, decode
 from notebook_accel.launch.supervisor import StopSignal
 
 ACTOR_PREFIX = "notebook_accel-run-"
-# How long an ended run's keeper waits for a kernel to come for the outcome.
 KEEP_ENDED_SECONDS = 3600.0
 # The longest a kernel waits for one answer of the keeper before taking it as gone.
 ANSWER_SECONDS = 30.0
