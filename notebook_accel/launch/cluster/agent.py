@@ -1,13 +1,12 @@
 """The agent: a Ray actor on a cluster node that runs one rank's worker process.
 
-Ray places one agent per worker (in the launch's placement group, holding
-that worker's GPU or CPUs). The agent imports torch and the worker's runtime
-once, when Ray starts it; each launch then forks the worker from it, exactly
-as a launch on one machine forks from the kernel (launch/supervisor.py's
-WorkerGroup, with launch/worker.py inside the child): fast, and with nothing
-of an earlier run's process state. So the same agents serve launch after
-launch (launch/cluster/pool.py keeps them warm), and a worker that is stopped
-or killed takes nothing of the agent with it.
+The agent (one per worker, placed by launch/cluster/pool.py) imports torch
+and the worker's runtime once, when Ray starts it; each launch then forks the
+worker from it, exactly as a launch on one machine forks from the kernel
+(launch/supervisor.py's WorkerGroup, with launch/worker.py inside the child):
+fast, and with nothing of an earlier run's process state. So the same agents
+serve launch after launch (the pool keeps them warm), and a worker that is
+stopped or killed takes nothing of the agent with it.
 
 The agent parses nothing its worker writes: output and channel bytes are
 relayed as they are, and the kernel turns them into lines and events
@@ -63,18 +62,15 @@ class NodeAgent:
         self._group: _RelayGroup | None = None
         self._rendezvous: Rendezvous | None = None
 
-    # -- the node ----------------------------------------------------------------
-
     def describe(self) -> AgentInfo:
         import ray
 
         context = ray.get_runtime_context()
-        gpus = context.get_accelerator_ids().get("GPU", [])
         return AgentInfo(
             node_id=context.get_node_id(),
             address=ray.util.get_node_ip_address(),
             pid=os.getpid(),
-            gpu_ids=tuple(str(gpu) for gpu in gpus),
+            gpu_ids=tuple(str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])),
         )
 
     def ping(self) -> bool:
@@ -82,9 +78,8 @@ class NodeAgent:
         return True
 
     def open_store(self, timeout: float) -> int:
-        """Bind the store's port on this node's address (rank 0's agent); return it.
-
-        The store itself starts once this agent's worker is forked (`start`)."""
+        """Bind the store's port on this node's address (rank 0's agent) and return it; the
+        store itself starts once this agent's worker is forked (`start`)."""
         import ray
 
         with self._lock:
@@ -92,8 +87,6 @@ class NodeAgent:
             address = ray.util.get_node_ip_address()
             self._rendezvous = Rendezvous(address, None, timeout, forks=True).__enter__()
             return int(self._rendezvous.port)
-
-    # -- the worker ----------------------------------------------------------------
 
     def start(self, spec: WorkerSpec, shipped: bytes, local_rank: int) -> int:
         """Fork the worker of `local_rank` from `spec` (the function and its arguments
@@ -103,12 +96,11 @@ class NodeAgent:
             environment = {**spec.environment, **_loopback_interfaces(spec.environment)}
             spec = dataclasses.replace(spec, shipped=shipped, environment=environment)
             self._outbox.clear()
-            group = _RelayGroup(spec, self._outbox.append, local_ranks=[local_rank])
-            self._group = group
-            group.start()
+            self._group = _RelayGroup(spec, self._outbox.append, local_ranks=[local_rank])
+            self._group.start()
             if self._rendezvous is not None:
                 self._rendezvous.serve()
-            return int(group.workers[0].process.pid)
+            return int(self._group.workers[0].process.pid)
 
     def events(self, seconds: float) -> list[Any]:
         """What the worker did since the last call: `(stream, bytes)` for its output
@@ -176,8 +168,6 @@ class NodeAgent:
         warmer.drain()
         return list(warming.modules)
 
-    # -- plumbing ----------------------------------------------------------------
-
     def _take_outbox(self) -> list[Any]:
         relayed = list(self._outbox)
         self._outbox.clear()  # the group appends to this list
@@ -187,9 +177,8 @@ class NodeAgent:
         group, self._group = self._group, None
         if group is not None:
             group.stop()
-            for worker in group.workers:
-                if not group.reported_exit:
-                    self._outbox.append(WorkerExited(worker.rank, worker.exitcode))
+            if not group.reported_exit:
+                self._outbox.extend(WorkerExited(w.rank, w.exitcode) for w in group.workers)
 
     def _close_store(self) -> None:
         rendezvous, self._rendezvous = self._rendezvous, None

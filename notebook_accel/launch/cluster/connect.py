@@ -210,26 +210,23 @@ def end_new_descendants(running_before: set[int]) -> None:
     import psutil
 
     seen = set(running_before)
-    stopped: list[psutil.Process] = []
+    stopped: list[processes.OtherProcess] = []
     while new := descendant_pids() - seen:
         seen |= new
         for pid in new:
             with contextlib.suppress(psutil.Error):
                 process = psutil.Process(pid)
                 process.suspend()
-                stopped.append(process)
+                stopped.append(processes.OtherProcess(process))
     # Stopped processes act on SIGKILL alone; what a failed start leaves has nothing to save.
-    ending = [processes.OtherProcess(process) for process in stopped]
-    processes.end_processes(ending, grace=0, reap=5.0, groups=False)
+    processes.end_processes(stopped, grace=0, reap=5.0, groups=False)
 
 
 def _check_reachable(address: str) -> None:
     if address == "auto":
         return  # Ray finds the cluster of this machine itself, or says there is none
-    host, port = _host_and_port(address)
     try:
-        with socket.create_connection((host, port), timeout=REACH_SECONDS):
-            pass
+        socket.create_connection(_host_and_port(address), timeout=REACH_SECONDS).close()
     except OSError as error:
         raise ConnectionError(
             f"cannot reach the Ray cluster at {address!r} ({error.strerror or error}); "
@@ -240,8 +237,7 @@ def _check_reachable(address: str) -> None:
 
 
 def _host_and_port(address: str) -> tuple[str, int]:
-    bare = address.removeprefix("ray://")
-    host, _, port = bare.rpartition(":")
+    host, _, port = address.removeprefix("ray://").rpartition(":")
     if not host or not port.isdigit():
         raise ValueError(
             f"ray_address={address!r} must be 'auto', 'host:port' (the head's GCS, port "

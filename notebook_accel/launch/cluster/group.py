@@ -7,9 +7,8 @@ calls) is the same code as for local workers. The workers' agents come from
 a pool (pool.py): rank 0's agent binds the store on its node, then every agent
 forks its worker with the rank's environment (MASTER_ADDR is rank 0's node).
 The function and its arguments travel once, by value, through Ray's object
-store. What the agents relay (agent.py) becomes lines and events here exactly
-as a local worker's output does. Nothing connects back to the kernel: only the
-kernel reaches the cluster, so Ray Client (`ray://`) works too.
+store. Nothing connects back to the kernel: only the kernel reaches the
+cluster, so Ray Client (`ray://`) works too.
 """
 
 from __future__ import annotations
@@ -81,14 +80,13 @@ class RayWorkerGroup(WorkerGroupBase):
         self._imported: set[str] = set()  # the modules every agent was told to import
         self._stopped = False
 
-    # -- starting --------------------------------------------------------------
-
     def start(self, interrupt: Callable[[], bool] | None = None) -> None:
         """Bind the store on rank 0's node, then fork every rank's worker."""
+        ray = self._ray
         first = self.pool.agents[0].open_store.remote(self.rendezvous_timeout)
         [port] = wait_for([first], AGENT_START_SECONDS, interrupt)
         master = self.pool.places[0].info.address
-        shipped = self._ray.put(self.spec.shipped)
+        shipped = ray.put(self.spec.shipped)
         starts = {}
         for place, agent in zip(self.pool.places, self.pool.agents, strict=True):
             worker = SupervisedWorker(
@@ -100,7 +98,19 @@ class RayWorkerGroup(WorkerGroupBase):
             self._pipes[(place.rank, "channel")].reader = ChannelReader(place.rank)
             spec = self._spec_for(place, master, port)
             starts[agent.start.remote(spec, shipped, place.local_rank)] = worker
-        self._wait_started(starts, interrupt)
+        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
+        deadline = time.monotonic() + AGENT_START_SECONDS
+        pending = list(starts)
+        while pending and time.monotonic() < deadline:
+            if interrupt is not None and interrupt():
+                raise KeyboardInterrupt("the run was stopped")
+            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
+            for ref in ready:
+                if self._answer(ref, starts[ref], failed, because) is not None:
+                    self._relay(starts[ref])
+        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
+        for ref in pending:
+            self._lose(starts[ref], None, because=late)
 
     def _spec_for(self, place: Place, master: str, port: int) -> WorkerSpec:
         environment = {
@@ -126,26 +136,6 @@ class RayWorkerGroup(WorkerGroupBase):
             own_main=True,
         )
 
-    def _wait_started(
-        self, starts: dict[Any, SupervisedWorker], interrupt: Callable[[], bool] | None
-    ) -> None:
-        ray = self._ray
-        failed, because = ray.exceptions.RayTaskError, "its agent could not start it"
-        deadline = time.monotonic() + AGENT_START_SECONDS
-        pending = list(starts)
-        while pending and time.monotonic() < deadline:
-            if interrupt is not None and interrupt():
-                raise KeyboardInterrupt("the run was stopped")
-            ready, pending = ray.wait(pending, num_returns=len(pending), timeout=WAIT_SLICE_SECONDS)
-            for ref in ready:
-                if self._answer(ref, starts[ref], failed, because) is not None:
-                    self._relay(starts[ref])
-        late = f"it did not start within {AGENT_START_SECONDS:.0f} s"
-        for ref in pending:
-            self._lose(starts[ref], None, because=late)
-
-    # -- watching --------------------------------------------------------------
-
     def poll_until(self, until: float | None) -> None:
         ray = self._ray
         wait = WAIT_SLICE_SECONDS
@@ -160,17 +150,14 @@ class RayWorkerGroup(WorkerGroupBase):
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
-            relayed = self._answer(ref, worker, ray.exceptions.RayError, "its agent failed")
-            if relayed is not None:
-                self._deliver(worker, relayed)
-                if not worker.ended:
-                    self._relay(worker)
+            self._deliver(ref, worker)
+            if not worker.ended:
+                self._relay(worker)
 
     def _answer(
         self, ref: Any, worker: SupervisedWorker, failed: type[Exception], because: str
     ) -> Any:
-        """What `worker`'s agent answered to the call `ref`, or None with the worker lost:
-        its agent is gone, or the call raised `failed` (`because` says)."""
+        """What `worker`'s agent answered to `ref`, or None with the worker lost (`_lose`)."""
         try:
             return self._ray.get(ref)
         except self._ray.exceptions.RayActorError as error:
@@ -182,8 +169,10 @@ class RayWorkerGroup(WorkerGroupBase):
     def _relay(self, worker: SupervisedWorker) -> None:
         self._polls[self.pool.agents[worker.rank].events.remote(RELAY_SECONDS)] = worker
 
-    def _deliver(self, worker: SupervisedWorker, relayed: list[Any]) -> None:
-        for item in relayed:
+    def _deliver(self, ref: Any, worker: SupervisedWorker) -> None:
+        """Take in what `worker`'s agent relayed in answer to `ref` (nothing if it was lost)."""
+        relayed = self._answer(ref, worker, self._ray.exceptions.RayError, "its agent failed")
+        for item in relayed or ():
             if isinstance(item, tuple):
                 stream, data = item
                 self.take(self._pipes[(worker.rank, stream)], data)
@@ -195,20 +184,14 @@ class RayWorkerGroup(WorkerGroupBase):
                 self.emit(item)
 
     def on_event(self, worker: SupervisedWorker, event: RunEvent) -> None:
+        # Every agent imports what a worker had to import itself (NodeAgent.warm) while the
+        # workers train: one worker of each node reports, its peers import the same.
         if isinstance(event, ModulesImported):
-            self._warm_agents(event.modules)
+            if new := [module for module in event.modules if module[0] not in self._imported]:
+                self._imported.update(name for name, _ in new)
+                for agent in self.pool.agents:
+                    agent.warm.remote(new)
         super().on_event(worker, event)
-
-    def _warm_agents(self, modules: tuple[tuple[str, str | None], ...]) -> None:
-        """Have every agent import what a worker had to import itself, while the workers
-        train (as the kernel does for its own workers: launch/warm.py), so that the next
-        launch's workers start with it. A worker of each node reports at its milestones;
-        its peers import the same, so every agent is told."""
-        new = [module for module in modules if module[0] not in self._imported]
-        if new:
-            self._imported.update(name for name, _ in new)
-            for agent in self.pool.agents:
-                agent.warm.remote(new)
 
     def _flush(self, worker: SupervisedWorker) -> None:
         for stream in OUTPUT_STREAMS:
@@ -230,6 +213,25 @@ class RayWorkerGroup(WorkerGroupBase):
             lost = node_lost(worker.process.info.node_id)  # a Place
         self._flush(worker)
         self.exited(worker, None, lost=lost)
+
+    def stop(self) -> None:
+        """Have every agent end its worker; take their last output (once)."""
+        with interrupts_deferred():
+            if self._stopped:
+                return
+            self._stopped = True
+            ray = self._ray
+            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
+            ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
+            for ref in ready:
+                self._deliver(ref, stops[ref])
+            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
+            for ref in unready:
+                self._lose(stops[ref], None, because=late)
+            for worker in self.workers:
+                if not worker.ended:
+                    self._flush(worker)
+            self._polls.clear()
 
     # -- prompts in a worker (launch/debugging.py) ------------------------------------
 
@@ -277,29 +279,6 @@ class RayWorkerGroup(WorkerGroupBase):
             with suppress(ray.exceptions.RayError):
                 found.update(tuple(address) for address in ray.get(ref))
         return sorted(found)
-
-    # -- stopping --------------------------------------------------------------
-
-    def stop(self) -> None:
-        """Have every agent end its worker; take their last output (once)."""
-        with interrupts_deferred():
-            if self._stopped:
-                return
-            self._stopped = True
-            ray = self._ray
-            stops = {self.pool.agents[w.rank].stop.remote(): w for w in self.workers if not w.lost}
-            ready, unready = ray.wait(list(stops), num_returns=len(stops), timeout=STOP_SECONDS)
-            for ref in ready:
-                relayed = self._answer(ref, stops[ref], ray.exceptions.RayError, "its agent failed")
-                if relayed is not None:
-                    self._deliver(stops[ref], relayed)
-            late = f"its agent did not stop it within {STOP_SECONDS:.0f} s"
-            for ref in unready:
-                self._lose(stops[ref], None, because=late)
-            for worker in self.workers:
-                if not worker.ended:
-                    self._flush(worker)
-            self._polls.clear()
 
 
 @contextmanager

@@ -62,8 +62,7 @@ def place_on_cluster(
 
 def check_room(request: ClusterRequest, nodes: list[NodeResources]) -> None:
     """PlacementError when the cluster's `nodes` can never hold `request`."""
-    why = unmet(request, nodes)
-    if why:
+    if why := unmet(request, nodes):
         raise PlacementError(
             f"The cluster cannot run this launch: {why}. Nothing was started. Ask for fewer "
             "workers (num_processes), fewer CPUs each (cpus_per_worker), another "

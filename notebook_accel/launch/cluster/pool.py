@@ -91,10 +91,9 @@ class WorkerPool:
 
     def release(self) -> None:
         """Kill every agent and remove the placement group (once; never raises)."""
-        if self._released:
-            return
-        self._released = True
-        self._release(self.placement_group, self.agents)
+        if not self._released:
+            self._released = True
+            self._release(self.placement_group, self.agents)
 
 
 def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
@@ -127,7 +126,6 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
         placed = placement_group_table(group).get("bundles_to_node_id", {})
         actor = ray.remote(NodeAgent)
         for worker in range(request.workers):
-            bundle = request.bundle_of(worker)
             agents.append(
                 actor.options(
                     num_cpus=request.cpus_per_worker,
@@ -137,7 +135,7 @@ def create_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -
                     max_task_retries=0,
                     runtime_env=AGENT_RUNTIME_ENV,
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        group, placement_group_bundle_index=bundle
+                        group, placement_group_bundle_index=request.bundle_of(worker)
                     ),
                 ).remote()
             )
@@ -195,7 +193,7 @@ _LOST_NODES: set[str] = set()
 def take_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> WorkerPool:
     """A pool for `request`: the warm one when it has the same shape and answers, else
     a new one (the warm one is released first, to free what it holds)."""
-    idle = _take_idle()
+    idle = _replace_idle()
     if idle is not None:
         if idle.request.shape == request.shape and idle.answers():
             idle.request = request
@@ -207,16 +205,12 @@ def take_pool(request: ClusterRequest, interrupt: Callable[[], bool] | None) -> 
 def return_pool(pool: WorkerPool, keep: bool) -> None:
     """After a run: keep `pool` warm for its request's `keep_warm` seconds, or release
     it now (`keep` false: it was stopped, or it lost a node)."""
-    global _IDLE, _TIMER
     if not keep or pool.request.keep_warm <= 0:
         pool.release()
         return
     timer = threading.Timer(pool.request.keep_warm, _release_if_idle, args=(pool,))
     timer.daemon = True
-    with _LOCK:
-        previous, _IDLE = _IDLE, pool
-        _cancel_timer()
-        _TIMER = timer
+    previous = _replace_idle(pool, timer)
     if previous is not None and previous is not pool:
         previous.release()
     timer.start()
@@ -224,7 +218,7 @@ def return_pool(pool: WorkerPool, keep: bool) -> None:
 
 def release_idle() -> bool:
     """Release the warm pool now, if there is one; say whether there was."""
-    idle = _take_idle()
+    idle = _replace_idle()
     if idle is not None:
         idle.release()
     return idle is not None
@@ -242,19 +236,17 @@ def node_lost(node_id: str) -> str:
     return "its node stopped answering (it left the cluster, or the network to it is down)"
 
 
-def _take_idle() -> WorkerPool | None:
-    global _IDLE
+def _replace_idle(
+    pool: WorkerPool | None = None, timer: threading.Timer | None = None
+) -> WorkerPool | None:
+    """Keep `pool` warm until `timer` releases it (None: no warm pool); return the one before."""
+    global _IDLE, _TIMER
     with _LOCK:
-        idle, _IDLE = _IDLE, None
-        _cancel_timer()
-    return idle
-
-
-def _cancel_timer() -> None:
-    global _TIMER
-    if _TIMER is not None:
-        _TIMER.cancel()
-        _TIMER = None
+        previous, _IDLE = _IDLE, pool
+        if _TIMER is not None:
+            _TIMER.cancel()
+        _TIMER = timer
+    return previous
 
 
 def _release_if_idle(pool: WorkerPool) -> None:
@@ -292,7 +284,6 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
         info = infos[index]
         same_node = [i for i in order if infos[i].node_id == info.node_id]
         first = order.index(same_node[0])
-        gpus = tuple(gpu for i in same_node for gpu in infos[i].gpu_ids)
         places.append(
             Place(
                 rank=rank,
@@ -301,7 +292,7 @@ def _places(infos: list[AgentInfo]) -> tuple[list[Place], list[int]]:
                 local_world_size=len(same_node),
                 first_rank=first,
                 info=info,
-                node_gpu_ids=gpus,
+                node_gpu_ids=tuple(gpu for i in same_node for gpu in infos[i].gpu_ids),
             )
         )
     return places, order

@@ -71,8 +71,8 @@ class DetachedRun:
             start_method=record.start_method,
             main_rank=record.main_rank,
             started_at=record.created,
+            checkpoint=record.checkpoint,
         )
-        self.report.checkpoint = record.checkpoint
         self._feed = RunFeed(self.report)
         self._lock = threading.Lock()  # one follower reads the log at a time
         self._ended = threading.Event()
@@ -89,38 +89,10 @@ class DetachedRun:
         """ "starting", "running", "finished", "failed", "stopped", "timed out" or "lost"."""
         if self._ended.is_set():
             return "lost" if isinstance(self.report.error, RunLostError) else self.report.status
-        return self.state_now()
+        return "lost" if self.keeper_gone() else self.record.state
 
     def __repr__(self) -> str:
         return f"<DetachedRun {self.id}: {self.record.function}, {self.state}>"
-
-    # -- what each place of keepers provides (local.py, on_cluster.py) ------------
-
-    def read_new(self) -> list[tuple[int, Any]]:
-        """The events the keeper logged since the last call."""
-        raise NotImplementedError
-
-    def keeper_gone(self) -> bool:
-        """Whether the keeper no longer runs (it can log nothing more); brings `record`
-        up to date while it does."""
-        raise NotImplementedError
-
-    def on_lost(self) -> str:
-        """Record the loss where the run is kept; return why it was lost, if known."""
-        return ""
-
-    def state_now(self) -> str:
-        """The state the keeper's record says now (the run has not ended here)."""
-        return "lost" if self.keeper_gone() else self.record.state
-
-    def ask_to_stop(self) -> bool:
-        """Tell the keeper to stop the run; False if it is gone already."""
-        raise NotImplementedError
-
-    def after_stop(self, seconds: float) -> None:
-        """Wait at most `seconds` for the keeper to be gone once the run ended stopped."""
-
-    # -- following -----------------------------------------------------------
 
     def poll(self) -> bool:
         """Take in what the run did since the last call; True once it has ended."""
@@ -135,8 +107,7 @@ class DetachedRun:
                 return False
             if self._take_new():  # what the keeper logged before it went
                 return True
-            why = self.on_lost()
-            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, why)))
+            self._take(RunEnded(RunLostError(self.id, self.report.checkpoint, self.on_lost())))
             return True
 
     def _take_new(self) -> bool:
@@ -201,8 +172,6 @@ class DetachedRun:
             for line in self.report.output(rank=rank)
         )
 
-    # -- stopping --------------------------------------------------------------
-
     def stop(self, timeout: float = STOP_SECONDS) -> None:
         """Stop the run from this kernel (it needs nothing else: any kernel of the user
         can): every worker is stopped, the run ends "stopped" and its keeper exits.
@@ -230,6 +199,28 @@ class DetachedRun:
         plan = self.shipped_plan()
         plan = dataclasses.replace(plan, resume_from=self.report.checkpoint or plan.resume_from)
         return self.start(plan, resumed_from=self.id)
+
+    # -- what each place of keepers provides (local.py, on_cluster.py) ------------
+
+    def read_new(self) -> list[tuple[int, Any]]:
+        """The events the keeper logged since the last call."""
+        raise NotImplementedError
+
+    def keeper_gone(self) -> bool:
+        """Whether the keeper no longer runs (it can log nothing more); brings `record`
+        up to date while it does."""
+        raise NotImplementedError
+
+    def on_lost(self) -> str:
+        """Record the loss where the run is kept; return why it was lost, if known."""
+        return ""
+
+    def ask_to_stop(self) -> bool:
+        """Tell the keeper to stop the run; False if it is gone already."""
+        raise NotImplementedError
+
+    def after_stop(self, seconds: float) -> None:
+        """Wait at most `seconds` for the keeper to be gone once the run ended stopped."""
 
     @classmethod
     def start(cls, plan: Any, resumed_from: str | None = None) -> DetachedRun:

@@ -47,8 +47,7 @@ def runs_root() -> Path:
     Raises PermissionError if it exists but another user owns it or others may
     read it: a run's output and results are the user's alone.
     """
-    configured = os.environ.get(ENV_RUNS_DIR)
-    if configured:
+    if configured := os.environ.get(ENV_RUNS_DIR):
         root = Path(configured).expanduser()
     else:
         state = os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state"
@@ -73,8 +72,11 @@ def open_private(path: Path, append: bool = False) -> int:
 
 
 def write_private(path: Path, data: bytes) -> None:
-    with os.fdopen(open_private(path), "wb") as file:
+    """Replace `path` whole with `data`, a private file: a reader sees the old or the new."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}")
+    with os.fdopen(open_private(partial), "wb") as file:
         file.write(data)
+    os.replace(partial, path)
 
 
 def plan_bytes(plan: Any) -> bytes:
@@ -157,11 +159,12 @@ class RunDirectory:
     @classmethod
     def create(cls, plan: Any, **fields: Any) -> RunDirectory:
         """A new private run directory under `runs_root()`, with the first record of a
-        run of `plan` (`RunRecord.of_plan`)."""
+        run of `plan` (`RunRecord.of_plan`) and the launch for its keeper and `resume`."""
         record = RunRecord.of_plan(plan, **fields)
         directory = cls(runs_root() / record.id)
         directory.path.mkdir(mode=0o700)
         directory.write(record)
+        write_private(directory.path / PLAN_FILE, plan_bytes(plan))
         return directory
 
     def read(self) -> RunRecord:
@@ -171,13 +174,8 @@ class RunDirectory:
         return RunRecord(**{name: value for name, value in data.items() if name in known})
 
     def write(self, record: RunRecord) -> None:
-        partial = self.path / f".{RECORD_FILE}.{os.getpid()}"
-        write_private(partial, json.dumps(dataclasses.asdict(record), indent=1).encode())
-        os.replace(partial, self.path / RECORD_FILE)
-
-    def write_plan(self, plan: Any) -> None:
-        """The launch (`plan_bytes`), for its keeper and `resume`."""
-        write_private(self.path / PLAN_FILE, plan_bytes(plan))
+        text = json.dumps(dataclasses.asdict(record), indent=1)
+        write_private(self.path / RECORD_FILE, text.encode())
 
     def read_plan(self) -> Any:
         return plan_from_bytes((self.path / PLAN_FILE).read_bytes())
@@ -203,8 +201,7 @@ class RunDirectory:
         return OtherProcess(process) if same and alive else None
 
     def state(self, record: RunRecord | None = None) -> str:
-        """The run's state (as `record`, read now if None, says), "lost" for a run whose
-        keeper is gone before its end."""
+        """The run's state, as `record` (read now if None) says; "lost" if its keeper died first."""
         record = record or self.read()
         if record.ended_state or record.keeper_pid is None or self.keeper(record) is not None:
             return record.state
@@ -219,9 +216,8 @@ class RunDirectory:
 
 def run_directories() -> list[RunDirectory]:
     """This user's runs, the oldest first."""
-    root = runs_root()
     found = []
-    for path in root.iterdir():
+    for path in runs_root().iterdir():
         directory = RunDirectory(path)
         with contextlib.suppress(OSError, ValueError, TypeError):  # not a run's, or half made
             found.append((directory.read().created, directory))

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from notebook_accel.launch.plan import ENV_RESUME_FROM
-from notebook_accel.launch.runs.detached import DetachedRun, RunLostError  # noqa: F401
+from notebook_accel.launch.runs.detached import DetachedRun
 from notebook_accel.launch.runs.directory import CLUSTER_ID_PREFIX, find_run, run_directories
 from notebook_accel.launch.runs.local import LocalRun
 from notebook_accel.reporting.observers import ConsoleObserver
@@ -69,9 +69,7 @@ class RunList(list):
     """`runs()`: a list of RunSummary, shown as a table."""
 
     def __repr__(self) -> str:
-        if not self:
-            return "no detached runs"
-        return "\n".join(str(summary) for summary in self)
+        return "\n".join(map(str, self)) or "no detached runs"
 
 
 def runs(ray_address: str | None = None) -> RunList:

@@ -34,16 +34,6 @@ class Keeper(RunObserver):
         self.lock = threading.Lock()  # kernels read the log while the run appends
         self._said_running = False
 
-    # -- what each place provides: the launch as it runs there, the run's record
-
-    def plan(self) -> Any:
-        """The launch plan, as it runs here."""
-
-    def update_record(self, **changes: Any) -> None:
-        """Change the run's record's fields as `changes` say."""
-
-    # -- the body ---------------------------------------------------------------------
-
     def keep(self, started_at: float) -> None:
         """Run the launch to its end; its record and its log say how it ended."""
         ended, status = RunEnded(RuntimeError("the keeper ended before the run did")), "lost"
@@ -77,6 +67,14 @@ class Keeper(RunObserver):
     def _append(self, event: RunEvent) -> None:
         with self.lock:
             self.log.append(event)
+
+    # -- what each place provides: the launch as it runs there, the run's record
+
+    def plan(self) -> Any:
+        """The launch plan, as it runs here."""
+
+    def update_record(self, **changes: Any) -> None:
+        """Change the run's record's fields as `changes` say."""
 
 
 class LocalKeeper(Keeper):

@@ -83,7 +83,6 @@ class LocalRun(DetachedRun):
         starts while the kernel goes on. Raises RuntimeError, with the keeper's words, if
         it could not start."""
         directory = RunDirectory.create(plan, resumed_from=resumed_from)
-        directory.write_plan(plan)
         with os.fdopen(open_private(directory.path / KEEPER_LOG, append=True), "ab") as log:
             keeper = "notebook_accel.launch.runs.keeper:keeper_main"
             pid = start_detached(keeper, [str(directory.path)], log, HANDOVER_SECONDS)

@@ -76,8 +76,7 @@ def decode(data: bytes) -> tuple[list[tuple[int, RunEvent]], bytes]:
 
 
 def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
-    """The entries (sequence number, event, ...) a compacted log starts with: all but each
-    rank's older output lines, progress updates and memory samples."""
+    """The entries (sequence number, event, ...) a compacted log starts with (see above)."""
     lines_left: Counter = Counter()
     seen = set()  # (kind, rank) of the newest progress update and memory sample
     kept = []
@@ -147,9 +146,7 @@ class EventLogWriter(EventLog):
 
     def _compacted(self) -> None:
         number = self.number + 1
-        partial = self.directory / f".partial{_SUFFIX}"
-        write_private(partial, self.read())
-        os.replace(partial, segment_path(self.directory, number))
+        write_private(segment_path(self.directory, number), self.read())
         old, self._fd = self._fd, self._open(number)
         os.close(old)
         segment_path(self.directory, self.number).unlink(missing_ok=True)

@@ -33,7 +33,6 @@ from notebook_accel.launch.runs.log import EventLog, decode
 from notebook_accel.launch.supervisor import StopSignal
 
 ACTOR_PREFIX = "notebook_accel-run-"
-# How long an ended run's keeper waits for a kernel to come for the outcome.
 KEEP_ENDED_SECONDS = 3600.0
 # The longest a kernel waits for one answer of the keeper before taking it as gone.
 ANSWER_SECONDS = 30.0
@@ -205,9 +204,7 @@ def cluster_runs(address: str | None = None) -> list[ClusterRun]:
 
 def find_cluster_run(run_id: str | None, address: str | None = None) -> ClusterRun:
     """The cluster run `run_id` (or a unique prefix of it), or the newest."""
-    found = cluster_runs(address)
-    if run_id is not None:
-        found = [run for run in found if run.id.startswith(run_id)]
+    found = [run for run in cluster_runs(address) if run.id.startswith(run_id or "")]
     if not found or (run_id is not None and len(found) > 1):
         what = "no detached run" if not found else f"{run_id!r} names several runs"
         raise LookupError(f"{what} on the Ray cluster{f' ({run_id!r})' if run_id else ''}")
