@@ -36,10 +36,10 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from notebook_accel import release_cluster  # noqa: E402
+from notebook_accel.launch import processes  # noqa: E402
 from notebook_accel.launch.cluster.connect import (  # noqa: E402
     LOCAL_START_ATTEMPTS,
     descendant_pids,
-    end_processes,
     node_missed_registration,
 )
 from tests_support import PROMPTLY, suite_port  # noqa: E402
@@ -200,6 +200,12 @@ def _end_a_failed_start(cluster: Cluster | None, running_before: set[int], ray_d
         if cluster is not None:
             steps.callback(cluster.shutdown)
         steps.callback(ray.shutdown)
+
+
+def end_processes(pids: set[int], seconds: float = 5.0) -> None:
+    """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
+    others = processes.OtherProcess.of(pids)
+    processes.end_processes(others, grace=seconds, reap=seconds, groups=False)
 
 
 def end_all_of(ray_dir: Path, others: Callable[[], set[int]] = set) -> None:

@@ -196,12 +196,6 @@ def descendant_pids() -> set[int]:
     return {child.pid for child in psutil.Process().children(recursive=True)}
 
 
-def end_processes(pids: set[int], seconds: float = 5.0) -> None:
-    """SIGTERM to each of `pids` still running, SIGKILL to those left after `seconds`."""
-    others = processes.OtherProcess.of(pids)
-    processes.end_processes(others, grace=seconds, reap=seconds, groups=False)
-
-
 def end_new_descendants(running_before: set[int]) -> None:
     """End every descendant of this process not in `running_before`, and all they start
     meanwhile. Each is stopped (SIGSTOP) before any is ended, until no new one appears: a

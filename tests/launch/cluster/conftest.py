@@ -20,12 +20,12 @@ import pytest
 from cluster_support import (
     LocalCluster,
     end_leftovers,
+    end_processes,
     start_cluster,
     stop_cluster,
     wait_until_nothing_is_left,
 )
 from notebook_accel import release_cluster
-from notebook_accel.launch.cluster.connect import end_processes
 from tests_support import live_children, mark_test_start
 
 # A cluster test's limit against a hang: a Ray cluster of several nodes on a loaded
