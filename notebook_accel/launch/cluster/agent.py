@@ -49,7 +49,6 @@ class AgentInfo:
 
     node_id: str
     address: str
-    pid: int
     gpu_ids: tuple[str, ...] = ()
 
 
@@ -69,7 +68,6 @@ class NodeAgent:
         return AgentInfo(
             node_id=context.get_node_id(),
             address=ray.util.get_node_ip_address(),
-            pid=os.getpid(),
             gpu_ids=tuple(str(gpu) for gpu in context.get_accelerator_ids().get("GPU", [])),
         )
 

@@ -76,7 +76,7 @@ def test_what_the_cluster_lacks_is_said_in_full():
 
 
 def info(node: str, gpus: tuple[str, ...] = ()) -> AgentInfo:
-    return AgentInfo(node_id=node * 8, address="10.0.0.1", pid=1, gpu_ids=gpus)
+    return AgentInfo(node_id=node * 8, address="10.0.0.1", gpu_ids=gpus)
 
 
 def test_ranks_follow_the_nodes_and_the_first_bundle_s_node_leads():
