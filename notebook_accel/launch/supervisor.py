@@ -101,7 +101,6 @@ class StopSignal:
 
     def __init__(self) -> None:
         self._read, self._write = os.pipe()
-        os.set_blocking(self._read, False)
         self._set = False
         self._closed = False
         self._lock = threading.Lock()
