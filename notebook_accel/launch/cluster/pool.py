@@ -68,7 +68,7 @@ class Place:
 
 
 class WorkerPool:
-    """A placement group and its agents, ordered by rank. Made by `take_pool`."""
+    """A placement group and its agents, ordered by rank. Made by `create_pool`."""
 
     def __init__(
         self, request: ClusterRequest, group: Any, agents: list[Any], infos: list[AgentInfo]
