@@ -205,7 +205,8 @@ def cluster_runs(address: str | None = None) -> list[ClusterRun]:
 def find_cluster_run(run_id: str | None, address: str | None = None) -> ClusterRun:
     """The cluster run `run_id` (or a unique prefix of it), or the newest."""
     found = [run for run in cluster_runs(address) if run.id.startswith(run_id or "")]
-    if not found or (run_id is not None and len(found) > 1):
-        what = "no detached run" if not found else f"{run_id!r} names several runs"
-        raise LookupError(f"{what} on the Ray cluster{f' ({run_id!r})' if run_id else ''}")
+    if not found:
+        raise LookupError(f"no detached run on the Ray cluster{f' ({run_id!r})' if run_id else ''}")
+    if run_id is not None and len(found) > 1:
+        raise LookupError(f"{run_id!r} names several runs on the Ray cluster; give more of the id")
     return found[-1]
