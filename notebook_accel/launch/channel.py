@@ -98,7 +98,7 @@ class ChannelWriter:
             # pickled leaves the pending batch and the pipe as they were.
             data = frame([event])
             self._write_pending()
-            self._write(data)
+            write_all(self._fd, data)
 
     def flush(self) -> None:
         """Write the pending batch now."""
@@ -113,12 +113,14 @@ class ChannelWriter:
     def _write_pending(self) -> None:
         if self._pending:
             pending, self._pending = self._pending, []
-            self._write(frame(pending))
+            write_all(self._fd, frame(pending))
 
-    def _write(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(self._fd, view) :]
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of `data` to `fd` (blocking)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
 
 
 def frame(obj: Any) -> bytes:

@@ -26,7 +26,7 @@ from typing import Any, NoReturn
 
 import cloudpickle
 
-from notebook_accel.launch.channel import WorkerPipes
+from notebook_accel.launch.channel import WorkerPipes, write_all
 from notebook_accel.launch.packing import pack
 from notebook_accel.launch.processes import PidfdProcess, bootstrap, start_interpreter
 
@@ -46,9 +46,7 @@ def in_memory_file(name: str, data: bytes) -> int:
     """A new in-memory file (memfd) holding `data`; return its descriptor."""
     fd = os.memfd_create(name, os.MFD_CLOEXEC)
     try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, data)
     except BaseException:
         os.close(fd)
         raise
