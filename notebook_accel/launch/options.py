@@ -122,15 +122,19 @@ def _ray_address(value: Any) -> str | None:
     if not isinstance(value, str):
         raise TypeError(f"ray_address must be a string such as 'auto', got {value!r}.")
     address = value.strip()
-    if address != "auto":
-        host, _, port = address.removeprefix("ray://").rpartition(":")
-        if not host or not port.isdigit():
-            raise ValueError(
-                f"ray_address={value!r} must be 'auto' (the cluster `ray start` runs on "
-                "this machine), 'host:port' (the head node's GCS, port 6379 by default) or "
-                "'ray://host:port' (Ray Client, port 10001 by default)."
-            )
+    if address != "auto" and host_and_port(address) is None:
+        raise ValueError(
+            f"ray_address={value!r} must be 'auto' (the cluster `ray start` runs on "
+            "this machine), 'host:port' (the head node's GCS, port 6379 by default) or "
+            "'ray://host:port' (Ray Client, port 10001 by default)."
+        )
     return address
+
+
+def host_and_port(address: str) -> tuple[str, int] | None:
+    """The host and port of a Ray address ('host:port' or 'ray://host:port'), else None."""
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
 
 
 # The command line's parsers raise ArgumentTypeError: argparse shows its text as it is.

@@ -17,6 +17,7 @@ from typing import Any
 
 from notebook_accel.launch import processes
 from notebook_accel.launch.cluster.request import NodeResources
+from notebook_accel.launch.options import host_and_port
 
 INSTALL = 'pip install "notebook_accel[ray]"'
 # How long the kernel tries to reach the cluster's address before saying it cannot.
@@ -219,8 +220,14 @@ def end_new_descendants(running_before: set[int]) -> None:
 def _check_reachable(address: str) -> None:
     if address == "auto":
         return  # Ray finds the cluster of this machine itself, or says there is none
+    where = host_and_port(address)
+    if where is None:
+        raise ValueError(
+            f"ray_address={address!r} must be 'auto', 'host:port' (the head's GCS, port "
+            "6379 by default) or 'ray://host:port' (Ray Client, port 10001 by default)."
+        )
     try:
-        socket.create_connection(_host_and_port(address), timeout=REACH_SECONDS).close()
+        socket.create_connection(where, timeout=REACH_SECONDS).close()
     except OSError as error:
         raise ConnectionError(
             f"cannot reach the Ray cluster at {address!r} ({error.strerror or error}); "
@@ -228,16 +235,6 @@ def _check_reachable(address: str) -> None:
             "or leave ray_address unset to start a cluster on this machine. Nothing was "
             "started."
         ) from None
-
-
-def _host_and_port(address: str) -> tuple[str, int]:
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    if not host or not port.isdigit():
-        raise ValueError(
-            f"ray_address={address!r} must be 'auto', 'host:port' (the head's GCS, port "
-            "6379 by default) or 'ray://host:port' (Ray Client, port 10001 by default)."
-        )
-    return host.strip("[]"), int(port)
 
 
 def _current_address(ray: Any) -> str:
@@ -248,12 +245,10 @@ def _current_address(ray: Any) -> str:
 
 
 def _same(address: str, current: str) -> bool:
-    try:
-        host, port = _host_and_port(address)
-        current_host, current_port = _host_and_port(current)
-    except ValueError:
+    asked, connected = host_and_port(address), host_and_port(current)
+    if asked is None or connected is None:
         return address == current
-    return port == current_port and _resolve(host) == _resolve(current_host)
+    return asked[1] == connected[1] and _resolve(asked[0]) == _resolve(connected[0])
 
 
 def _resolve(host: str) -> str:
