@@ -27,6 +27,7 @@ from pathlib import Path
 
 import cloudpickle
 
+from notebook_accel.launch.channel import take_frames
 from notebook_accel.launch.runs.directory import open_private, write_private
 from notebook_accel.reporting.events import OutputLine, Progress, ResourceSample, RunEvent
 from notebook_accel.reporting.report import MAX_RANK_LINES
@@ -63,16 +64,9 @@ def encode(sequence: int, event: RunEvent) -> bytes:
 
 def decode(data: bytes) -> tuple[list[tuple[int, RunEvent]], bytes]:
     """The (sequence number, event) of each whole record in `data`, in order, and what
-    follows the last of them."""
-    found, offset = [], 0
-    while len(data) - offset >= HEADER.size:
-        (length,) = HEADER.unpack_from(data, offset)
-        end = offset + HEADER.size + length
-        if end > len(data):
-            break  # the rest of this record is still being written
-        found.append(pickle.loads(data[offset + HEADER.size : end]))
-        offset = end
-    return found, data[offset:]
+    follows the last of them (a record still being written)."""
+    rest = bytearray(data)
+    return [pickle.loads(body) for _, body in take_frames(rest, HEADER)], bytes(rest)
 
 
 def kept_after_compaction(entries: list[tuple]) -> list[tuple]:
