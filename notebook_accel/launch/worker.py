@@ -113,10 +113,9 @@ class WorkerSpec:
         return self.return_all or rank == main
 
     def global_rank(self, local_rank: int) -> int:
-        first = (
-            self.node_rank * self.local_world_size if self.first_rank is None else self.first_rank
-        )
-        return first + local_rank
+        if self.first_rank is None:
+            return self.node_rank * self.local_world_size + local_rank
+        return self.first_rank + local_rank
 
 
 def worker_main(
