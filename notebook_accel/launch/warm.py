@@ -109,15 +109,14 @@ class RunWarmer:
             _forget(self.warming)
             self.warming.finish("stopped")
             return
-        warming = self.warming
-        warming.skipped.update(skipped)
+        self.warming.skipped.update(skipped)
         for name in names:
             if name in _PROCESS.failed:
-                warming.skipped[name] = _PROCESS.failed[name]
-            elif name not in warming.pending:
-                warming.pending.append(name)
-        if warming.pending and warming not in _PROCESS.queued:
-            _PROCESS.queued.append(warming)
+                self.warming.skipped[name] = _PROCESS.failed[name]
+            elif name not in self.warming.pending:
+                self.warming.pending.append(name)
+        if self.warming.pending and self.warming not in _PROCESS.queued:
+            _PROCESS.queued.append(self.warming)
 
     def start(self) -> bool:
         """Import, on the main thread, what earlier launches left queued, so that this
@@ -144,25 +143,24 @@ class RunWarmer:
     def finish(self, interrupted: bool) -> None:
         """The launch ends: leave what it queued to the kernel's event loop, or to the
         next launch on the main thread; never import here (that would lengthen the call)."""
-        warming = self.warming
         if not self.active:
             return
         if interrupted:
-            _forget(warming)
+            _forget(self.warming)
             self._end("interrupted")
-        elif not warming.pending:
+        elif not self.warming.pending:
             self._end("done")
         elif _schedule_on_kernel_loop():
-            warming.status = "deferred"
+            self.warming.status = "deferred"
         elif self._here:
-            warming.status = "next launch"
+            self.warming.status = "next launch"
         else:
-            _forget(warming)
-            warming.problem = (
+            _forget(self.warming)
+            self.warming.problem = (
                 "launched from a thread other than the main one, outside a Jupyter kernel: "
                 "importing there could race the code on the main thread"
             )
-            warming.finish("off")
+            self.warming.finish("off")
 
     def _end(self, status: str) -> None:
         if self.warming.status in ("not started", "running", "deferred", "next launch"):
