@@ -92,8 +92,7 @@ class _Server:
         from notebook_accel.platforms.registry import PLATFORMS
 
         self.platforms = list(PLATFORMS.values())
-        problem = device_problem(self.platforms)
-        if problem is not None:
+        if problem := device_problem(self.platforms):
             self.stopped = f"importing torch started a device runtime: {problem}"
         else:
             self.threads = _thread_count()
@@ -196,9 +195,7 @@ class _Server:
             names, skipped = [], dict.fromkeys(modules, f"{type(error).__name__}: {error}")
         if skipped:
             self._send({"kind": "skipped", "modules": skipped})
-        for name in names:
-            if name not in self.queue and name not in self.failed:
-                self.queue.append(name)
+        self.queue += [name for name in names if name not in self.queue and name not in self.failed]
 
     def _import(self, name: str) -> None:
         if name in sys.modules:
@@ -211,8 +208,7 @@ class _Server:
             return
         seconds, imported = time.perf_counter() - started, len(sys.modules) - before
         self._send({"kind": "warmed", "module": name, "seconds": seconds, "imported": imported})
-        problem = device_problem(self.platforms)
-        if problem is not None:
+        if problem := device_problem(self.platforms):
             problem = f"started a device runtime: {problem}"
         elif _thread_count() > self.threads:
             problem = "started a thread, which forked workers would lack"
