@@ -296,10 +296,9 @@ def _close_unused() -> None:
 
 def _kernel_context() -> int:
     """An in-memory file with what a worker forked from this process now would share."""
-    try:
+    cwd = None
+    with contextlib.suppress(OSError):  # deleted: the worker stays where the template is
         cwd = os.getcwd()
-    except OSError:  # deleted: the worker stays where the template is
-        cwd = None
     torch = sys.modules.get("torch")
     rng = bytes(torch.get_rng_state().tolist()) if hasattr(torch, "get_rng_state") else None
     context = {"environ": dict(os.environb), "cwd": cwd, "path": list(sys.path), "rng": rng}
