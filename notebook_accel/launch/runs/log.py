@@ -42,11 +42,9 @@ def segment_path(directory: Path, number: int) -> Path:
 
 
 def segments(directory: Path) -> list[int]:
-    numbers = []
-    for path in directory.glob(f"{_PREFIX}*{_SUFFIX}"):
-        with contextlib.suppress(ValueError):
-            numbers.append(int(path.name[len(_PREFIX) : -len(_SUFFIX)]))
-    return sorted(numbers)
+    paths = directory.glob(f"{_PREFIX}*{_SUFFIX}")
+    names = [path.name[len(_PREFIX) : -len(_SUFFIX)] for path in paths]
+    return sorted(int(name) for name in names if name.isdecimal())
 
 
 def encode(sequence: int, event: RunEvent) -> bytes:
