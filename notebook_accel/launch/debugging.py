@@ -25,6 +25,7 @@ import signal
 import sys
 import threading
 import time
+import traceback
 import types
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -210,8 +211,7 @@ def install(
     # kernel's sockets (a forked worker must not), and IPython replaces pdb.Pdb with
     # a debugger that reads through it: back to Python's, which read sys.stdin.
     builtins.input = _input
-    pdb = sys.modules.get("pdb")
-    if pdb is not None:
+    if pdb := sys.modules.get("pdb"):
         pdb.Pdb = _python_pdb_class()
 
 
@@ -278,11 +278,7 @@ def worker_pdb() -> object:
     return WorkerPdb(nosigint=True)
 
 
-def _in_debugger(frame: FrameType | None) -> bool:
+def _in_debugger(frame: FrameType) -> bool:
     import bdb
 
-    while frame is not None:
-        if isinstance(frame.f_locals.get("self"), bdb.Bdb):
-            return True
-        frame = frame.f_back
-    return False
+    return any(isinstance(f.f_locals.get("self"), bdb.Bdb) for f, _ in traceback.walk_stack(frame))
