@@ -173,11 +173,10 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
                 f"${ENV_START_METHOD}={asked!r} must be one of {', '.join(START_METHODS)}; "
                 "unset it for the default."
             )
-    platform = plan.platform
     # Workers of another platform (CPU ones) can be forked from a kernel that uses a
     # device, but cannot read a device tensor they inherit.
-    foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {platform.name})
-    problem = platform.fork_problem()
+    foreign = sorted(held_device_types((plan.args, plan.kwargs)) - {plan.platform.name})
+    problem = plan.platform.fork_problem()
     if foreign and not problem:
         problem = (
             f"the arguments hold tensors on {', '.join(foreign)} devices, which a forked "
@@ -192,7 +191,7 @@ def with_start_method(plan: LaunchPlan, asked: str | None) -> LaunchPlan:
         )
     method, reason = "fork", None
     if asked in ("spawn", "forkserver") or (asked == "auto" and problem):
-        if fresh_problem := platform.fresh_start_problem():
+        if fresh_problem := plan.platform.fresh_start_problem():
             because = f"{problem}; " if problem else ""
             raise LaunchRefused(f"The workers cannot start: {because}{fresh_problem}.")
         method, reason = ("forkserver", problem) if asked == "auto" else (asked, None)
