@@ -198,10 +198,9 @@ class _LivePickler(_WorkerPickler):
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, types.FunctionType) and obj.__globals__.get("__name__") == "__main__":
-            names = obj.__globals__
             for name in _global_names(obj.__code__):  # what cloudpickle sends of them
-                if name in names and not name.startswith("__"):
-                    self._notebook_values[name] = names[name]
+                if name in obj.__globals__ and not name.startswith("__"):
+                    self._notebook_values[name] = obj.__globals__[name]
         return super().reducer_override(obj)
 
     def notebook_values(self) -> dict[str, Any]:
