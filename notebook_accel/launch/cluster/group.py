@@ -137,16 +137,15 @@ class RayWorkerGroup(WorkerGroupBase):
         )
 
     def poll_until(self, until: float | None) -> None:
-        ray = self._ray
         wait = WAIT_SLICE_SECONDS
         if until is not None:
             wait = max(0.0, min(wait, until - time.monotonic()))
         if not self._polls:
             time.sleep(wait)
             return
-        ready, rest = ray.wait(list(self._polls), num_returns=1, timeout=wait)
+        ready, rest = self._ray.wait(list(self._polls), num_returns=1, timeout=wait)
         if ready and rest:
-            more, _ = ray.wait(rest, num_returns=len(rest), timeout=0)
+            more, _ = self._ray.wait(rest, num_returns=len(rest), timeout=0)
             ready += more
         for ref in ready:
             worker = self._polls.pop(ref)
