@@ -70,8 +70,7 @@ def notebook_launcher(
     if config is not None:  # given means passed, whatever the value: it beats the file's
         config = config if isinstance(config, LaunchConfig) else LaunchConfig.load(config)
         given = {**config.launch_options(), **given}
-    # Detached, a single worker too runs in a process of its own (the kernel may go away),
-    # so it takes the options of worker processes (timeout, max_restarts, start_method).
+    # Detached, one worker too runs in a process of its own, with its options (timeout=...).
     plan = plan_launch(
         function=function, args=args, kwargs=kwargs, single_in_process=not detach, **given
     )

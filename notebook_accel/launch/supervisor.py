@@ -54,9 +54,8 @@ from notebook_accel.launch.processes import (
 from notebook_accel.launch.stacks import STACK_SIGNAL, StackCapture, StacksNote, explain
 from notebook_accel.launch.template import TemplateProcess
 
-# Imported here, in the launching process, so that forked workers inherit
-# the child's runtime and what it imports instead of each importing them
-# again (milliseconds per worker).
+# Imported here, in the launching process, so that forked workers inherit the child's
+# runtime and what it imports instead of each importing them again (milliseconds per worker).
 from notebook_accel.launch.worker import WorkerSpec, worker_main
 from notebook_accel.reporting.events import (
     InputRequested,
