@@ -290,20 +290,36 @@ class Leftovers:
         ]
 
 
-def leftovers(local: LocalCluster) -> Leftovers:
+def warm_pool():
+    """The agents this process keeps warm after a run (`keep_warm`), or None."""
+    from notebook_accel.launch.cluster import pool
+
+    return pool._IDLE
+
+
+def leftovers(local: LocalCluster, warm=None) -> Leftovers:
+    """What is on the cluster, but for the warm pool `warm` (its agents, their processes,
+    its placement group and the CPUs it holds)."""
     from ray.util.state import list_actors, list_placement_groups
 
+    kept_actors = {agent._actor_id.hex() for agent in warm.agents} if warm else set()
+    kept_group = warm.placement_group.id.hex() if warm else None
     left = Leftovers()
+    kept_pids = set()
     for name in ("NodeAgent", "ClusterKeeper"):
         # The address, not Ray's guess: with two clusters on the machine it refuses to guess.
         actors = list_actors(address=local.address, filters=[("class_name", "=", name)])
-        left.actors += [a for a in actors if a.state != "DEAD"]
+        for actor in actors:
+            if actor.actor_id in kept_actors:
+                kept_pids.add(actor.pid)
+            elif actor.state != "DEAD":
+                left.actors.append(actor)
     left.groups = {
         group.placement_group_id: group.state
         for group in list_placement_groups(address=local.address)
-        if group.state != "REMOVED"
+        if group.state != "REMOVED" and group.placement_group_id != kept_group
     }
-    for pid in local.process_ids():
+    for pid in local.process_ids() - kept_pids:
         try:
             command = " ".join(psutil.Process(pid).cmdline())
         except psutil.Error:
@@ -311,14 +327,15 @@ def leftovers(local: LocalCluster) -> Leftovers:
         if "NodeAgent" in command or "ClusterKeeper" in command:
             left.pids.add(pid)
     free, total = ray.available_resources(), ray.cluster_resources()
-    left.cpus_held = total.get("CPU", 0) - free.get("CPU", 0)
+    kept_cpus = sum(bundle.get("CPU", 0) for bundle in warm.request.bundles()) if warm else 0
+    left.cpus_held = total.get("CPU", 0) - free.get("CPU", 0) - kept_cpus
     return left
 
 
-def ours_still_running(local: LocalCluster) -> list[str]:
+def ours_still_running(local: LocalCluster, warm=None) -> list[str]:
     """What a test left on the cluster: live agents and detached runs' keepers, placement
-    groups, worker processes, CPUs held."""
-    return leftovers(local).described()
+    groups, worker processes, CPUs held; those of the warm pool `warm` aside."""
+    return leftovers(local, warm).described()
 
 
 def end_leftovers(local: LocalCluster) -> None:
@@ -342,9 +359,12 @@ def end_leftovers(local: LocalCluster) -> None:
             pass
 
 
-def wait_until_nothing_is_left(local: LocalCluster, seconds: float = GONE_SECONDS) -> list[str]:
-    """What is still left after `seconds` (an empty list as soon as nothing is)."""
+def wait_until_nothing_is_left(
+    local: LocalCluster, seconds: float = GONE_SECONDS, warm=None
+) -> list[str]:
+    """What is still left after `seconds` (an empty list as soon as nothing is), the warm
+    pool `warm` aside."""
     deadline = time.monotonic() + seconds
-    while (left := ours_still_running(local)) and time.monotonic() < deadline:
+    while (left := ours_still_running(local, warm)) and time.monotonic() < deadline:
         time.sleep(0.1)
     return left

@@ -1,6 +1,13 @@
 """The cluster tests' fixtures: a real Ray cluster (tests/cluster_support.py), and after
 every test no agent, placement group or worker process of the test left, and every CPU of
-the cluster free again.
+the cluster free again, but for the agents this process keeps warm for its next launch.
+
+The agents a run keeps warm (`keep_warm`, 120 s by default) serve the next test, as they
+serve a notebook's next launch of the same shape: starting two agents costs about 10 s of
+CPU (a Ray worker process each, importing torch), a warm relaunch a fiftieth of that. A
+module whose tests launch only from this process opts in (WARM_MODULES); any other test,
+and one marked `cold_cluster` (its launch comes from another process, which needs the
+cluster's CPUs free), starts and ends with them released.
 
 The modules share one cluster of two nodes (starting one costs about 25 s on 2 cores): a
 module that needs another shape (more nodes, GPUs, nodes it kills) adds nodes to it for a
@@ -24,6 +31,7 @@ from cluster_support import (
     start_cluster,
     stop_cluster,
     wait_until_nothing_is_left,
+    warm_pool,
 )
 from notebook_accel import release_cluster
 from tests_support import live_children, mark_test_start
@@ -34,6 +42,9 @@ from tests_support import live_children, mark_test_start
 CLUSTER_TEST_SECONDS = 300
 HERE = Path(__file__).parent
 
+
+# Modules whose tests may start with the agents the test before kept warm.
+WARM_MODULES = {"test_ray_launch.py", "test_ray_live.py"}
 
 # The tests of the cluster first, then the others.
 CLUSTER_ORDER = {"shared": 0, "none": 1}
@@ -99,10 +110,15 @@ def pytest_sessionfinish() -> None:
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request) -> Iterator[None]:
     """Replaces the suite's check here: the cluster's own processes (raylets, Ray's idle
-    workers) may come and go; the test's agents, placement group and workers may not.
-    What is found is ended before the test fails, so the next test finds the cluster free."""
+    workers) may come and go, and the agents kept warm stay; the test's other agents,
+    placement groups and workers may not. What is found is ended, the warm agents too,
+    before the test fails, so the next test finds the cluster free."""
     uses_cluster = "ray_cluster" in request.fixturenames
     local = request.getfixturevalue("ray_cluster") if uses_cluster else None
+    cold = request.node.get_closest_marker("cold_cluster") is not None
+    warm = request.node.path.name in WARM_MODULES and not cold
+    if local is not None and not warm:
+        release_cluster()
     before = mark_test_start()
     yield
     if local is None:  # as the suite's own check does, the shared cluster's processes aside
@@ -119,14 +135,16 @@ def no_leftover_processes(request) -> Iterator[None]:
     on_cluster: list[str] = []
     leftover: list[psutil.Process] = []
     try:
-        release_cluster()
-        on_cluster = wait_until_nothing_is_left(local)
+        if not warm:
+            release_cluster()
+        on_cluster = wait_until_nothing_is_left(local, warm=warm_pool() if warm else None)
         theirs = local.process_ids()
         leftover = [c for c in live_children() if c.pid not in before and c.pid not in theirs]
         named = _named(leftover)  # before they end
     finally:
         end_processes({c.pid for c in leftover})
         if on_cluster:
+            release_cluster()
             end_leftovers(local)
             wait_until_nothing_is_left(local)  # the next test's check sees only its own
     assert not on_cluster, f"left on the cluster: {on_cluster}"

@@ -382,6 +382,7 @@ for address in ADDRESSES:
 """
 
 
+@pytest.mark.cold_cluster  # another driver: the CPUs this process keeps warm are free
 @pytest.mark.parametrize("through", ["gcs", "client"])
 def test_a_kernel_reaches_a_running_cluster_by_its_address(ray_cluster, through):
     """A fresh kernel (another driver): $RAY_ADDRESS or "auto", or Ray Client (ray://)."""
