@@ -25,7 +25,7 @@ import time
 
 import psutil
 
-from notebook_accel.launch.cluster.connect import end_processes
+from notebook_accel.launch.processes import OtherProcess, end_processes
 
 # Keeps a Ray cluster on 127.0.0.1, as Ray does on macOS and Windows.
 LOOPBACK = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}
@@ -88,6 +88,11 @@ def _carries(process: psutil.Process, token: str) -> bool:
         return False
 
 
+def end_by_pid(pids: set[int]) -> None:
+    """SIGTERM to each of `pids` still running, SIGKILL to those left after 10 s."""
+    end_processes(OtherProcess.of(pids), grace=10, reap=10, groups=False)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--busy", type=int, default=2, help="CPU-bound processes beside it")
@@ -119,10 +124,10 @@ def main() -> int:
         status = subprocess.call(command, env={**os.environ, RUN_TOKEN: token})
         took = time.monotonic() - started
     finally:
-        end_processes({p.pid for p in busy}, seconds=10)
+        end_by_pid({p.pid for p in busy})
         if not options.no_ray:
             cluster |= {p.pid for p in ray_processes(temp_dir)}
-            end_processes(cluster, seconds=10)
+            end_by_pid(cluster)
     leftover = left_behind(before, load, token)
     print(f"the command ended with {status} after {took:.0f} s")
     if leftover:
