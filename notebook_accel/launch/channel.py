@@ -16,8 +16,10 @@ cluster's agent) to `worker_main`.
 
 from __future__ import annotations
 
+import collections
 import os
 import pickle
+import select
 import socket
 import struct
 import threading
@@ -73,15 +75,23 @@ class ChannelWriter:
         self._lock = threading.Lock()
         self._pending: list[ChannelEvent] = []
         self._flusher: threading.Thread | None = None
+        self._received, self._frames = bytearray(), collections.deque()
+        self._readable = select.poll()
+        self._readable.register(fd, select.POLLIN)
 
     def receive(self) -> Any:
         """The next object the launching process sent down (blocking), or None once it
         ended its side; OSError if the link broke."""
-        header = _read_exactly(self._fd, _HEADER.size)
-        if header is None:
-            return None
-        body = _read_exactly(self._fd, _HEADER.unpack(header)[0])
-        return None if body is None else pickle.loads(body)
+        while not self._frames:
+            # Waits in poll(), not read(): Linux wakes a thread blocked in read() on a
+            # stream socket each time the other side takes what this side wrote.
+            self._readable.poll()
+            chunk = os.read(self._fd, 1 << 16)
+            if not chunk:
+                return None
+            self._received += chunk
+            self._frames.extend(body for _, body in take_frames(self._received, _HEADER))
+        return pickle.loads(self._frames.popleft())
 
     def send(self, event: ChannelEvent, batch: bool = False) -> None:
         """Write `event` now, or with the next batch; raises if it cannot be pickled."""
@@ -127,17 +137,6 @@ def frame(obj: Any) -> bytes:
     """`obj` as one frame of the link (either way)."""
     body = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
     return _HEADER.pack(len(body)) + body
-
-
-def _read_exactly(fd: int, size: int) -> bytes | None:
-    """`size` bytes from `fd` (blocking), or None at its end."""
-    data = bytearray()
-    while len(data) < size:
-        chunk = os.read(fd, min(size - len(data), 1 << 20))
-        if not chunk:
-            return None
-        data += chunk
-    return bytes(data)
 
 
 class ChannelReader:

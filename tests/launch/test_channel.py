@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
+from pathlib import Path
 
 import pytest
 
 from notebook_accel.launch.channel import ChannelReader, ChannelWriter, frame
 from notebook_accel.launch.debugging import Answer
-from notebook_accel.launch.supervisor import read_some
+from notebook_accel.launch.supervisor import read_some, write_before
 from notebook_accel.reporting.events import (
     MetricRecord,
     PeakResources,
@@ -149,3 +152,56 @@ def test_what_comes_down_the_link_arrives_whole_and_in_order_and_then_its_end():
         assert writer.receive() is None
         writer.send(metric(1))  # events still go up
         assert ChannelReader(rank=0).feed(read_some(launcher.fileno())) == [metric(0), metric(1)]
+
+
+def voluntary_switches(thread_id: int) -> int:
+    """How many times the thread `thread_id` of this process went to sleep and was woken."""
+    status = Path(f"/proc/self/task/{thread_id}/status").read_text()
+    return int(status.split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads Linux's /proc")
+def test_a_worker_waiting_for_a_call_sleeps_while_the_launcher_takes_its_events():
+    # Linux wakes a thread blocked in read() on a stream socket each time the other side
+    # takes what its own side wrote: once per event a live worker sent up, before.
+    launcher, worker = socket.socketpair()
+    with launcher, worker:
+        writer = ChannelWriter(worker.fileno())
+        received = []
+        reader = threading.Thread(target=lambda: received.append(writer.receive()))
+        reader.start()
+        waiting = time.monotonic() + 10
+        while reader.native_id is None or voluntary_switches(reader.native_id) == 0:
+            assert time.monotonic() < waiting, "the reading thread never waited"
+            time.sleep(0.01)
+        before = voluntary_switches(reader.native_id)
+        for step in range(200):
+            writer.send(metric(step))
+            events = ChannelReader(rank=0).feed(launcher.recv(1 << 16))
+            assert events == [metric(step)]
+        woken = voluntary_switches(reader.native_id) - before
+        launcher.sendall(frame({"call": 1}))
+        reader.join(10)
+        assert received == [{"call": 1}]
+        assert woken < 20, f"the waiting reader was woken {woken} times by 200 events sent up"
+
+
+def test_a_frame_down_the_link_waits_for_its_reader_until_the_deadline():
+    launcher, worker = socket.socketpair()
+    with launcher, worker:
+        launcher.setblocking(False)  # as the supervisor's ends are
+        data = frame(b"x" * (8 << 20))  # more than the socket holds
+        with pytest.raises(TimeoutError, match="did not read what was sent"):
+            write_before(launcher.fileno(), data, time.monotonic() + 0.2)  # nobody reads
+        taken = bytearray()
+
+        def read_all() -> None:
+            while chunk := worker.recv(1 << 16):
+                taken.extend(chunk)
+
+        reader = threading.Thread(target=read_all)
+        reader.start()
+        write_before(launcher.fileno(), data, time.monotonic() + 60)  # a reader takes it
+        launcher.shutdown(socket.SHUT_WR)
+        reader.join(60)
+        assert bytes(taken[-len(data) :]) == data
