@@ -857,16 +857,17 @@ def _failure_of(worker: SupervisedWorker) -> WorkerFailure:
 
 
 def write_before(fd: int, data: bytes, deadline: float) -> None:
-    """Write all of `data` to the non-blocking descriptor `fd`; TimeoutError if its
-    reader has not taken it before `deadline` (it is stuck, or gone)."""
+    """Write all of `data` to non-blocking `fd`; TimeoutError if not taken by `deadline`."""
     view = memoryview(data)
     while view:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError("the worker did not read what was sent down its link")
-        _, writable, _ = select.select([], [fd], [], remaining)
-        if writable:
+        try:
             view = view[os.write(fd, view) :]
+        except BlockingIOError:  # its reader is behind: wait until it takes some
+            if (remaining := deadline - time.monotonic()) <= 0:
+                raise TimeoutError("the worker did not read what was sent down its link") from None
+            writable = select.poll()  # select() takes no descriptor above 1023
+            writable.register(fd, select.POLLOUT)
+            writable.poll(remaining * 1000)
 
 
 def connection_addresses(pids: list[int]) -> list[tuple[str, int]]:
