@@ -99,6 +99,7 @@ def serve() -> None:
     namespace = sys.modules["__main__"].__dict__
     calls = _Downlink(channel)
     debugging.install(channel, state.process_index, calls.next_answer)
+    signal.signal(signal.SIGALRM, _force_stop)  # armed by a stop press in a call
     channel.send(CallFinished(state.process_index, 0))  # ready
     while (call := calls.next_call()) is not None:
         if call.kind == "regroup":
@@ -207,33 +208,37 @@ def run_cell(source: str, namespace: dict[str, Any], filename: str) -> Any:
     return eval(compile(ast.Expression(last.value), filename, "eval"), namespace)  # noqa: S307
 
 
+# Whether a call's code runs: outside a call the stop handlers below do nothing.
+_in_call = False
+
+
+def _ask_to_stop(signum: int, frame: Any) -> None:
+    if _in_call:
+        interrupts.request()
+        signal.setitimer(signal.ITIMER_REAL, FORCE_AFTER_SECONDS)
+
+
+def _force_stop(signum: int, frame: Any) -> None:
+    if _in_call:
+        raise KeyboardInterrupt("interrupted from the notebook")
+
+
 @contextlib.contextmanager
 def _interruptible() -> Iterator[None]:
     """While the user's code runs, SIGINT asks it to stop: at once through
     `Accelerator.check_trigger()` (training/interrupts.py), and with
     KeyboardInterrupt where it runs if it has not stopped FORCE_AFTER_SECONDS
     later. Outside a call both signals change nothing."""
-    running = [True]
-
-    def ask_to_stop(signum: int, frame: Any) -> None:
-        if running[0]:
-            interrupts.request()
-            signal.setitimer(signal.ITIMER_REAL, FORCE_AFTER_SECONDS)
-
-    def force_stop(signum: int, frame: Any) -> None:
-        if running[0]:
-            raise KeyboardInterrupt("interrupted from the notebook")
-
+    global _in_call
     interrupts.clear()
-    previous_alarm = signal.signal(signal.SIGALRM, force_stop)
-    signal.signal(signal.SIGINT, ask_to_stop)
+    # Each call, not once: the last call's code may have put in a handler of its own.
+    signal.signal(signal.SIGINT, _ask_to_stop)
+    _in_call = True
     try:
         yield
     finally:
-        running[0] = False
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _in_call = False
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous_alarm)
         interrupts.clear()
 
 
