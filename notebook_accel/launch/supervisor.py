@@ -21,7 +21,7 @@ import signal
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -603,7 +603,7 @@ class WorkerGroup(WorkerGroupBase):
         spec: WorkerSpec,
         emit: Emit,
         stop: StopSignal | None = None,
-        local_ranks: list[int] | None = None,
+        local_ranks: Sequence[int] | None = None,
     ):
         super().__init__(spec, emit, stop)
         self.local_ranks = range(spec.local_world_size) if local_ranks is None else local_ranks
