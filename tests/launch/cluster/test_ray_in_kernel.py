@@ -69,7 +69,8 @@ def setup(cluster) -> str:
     return SETUP.replace("ADDRESS", repr(cluster.address))
 
 
-def test_output_stop_and_cells_run_again_in_a_real_kernel(ray_cluster, kernel):
+def test_output_stop_cells_run_again_and_a_restart_in_a_real_kernel(ray_cluster, kernel):
+    # One kernel for all of it: each new kernel imports torch and joins the cluster again.
     manager, client = kernel
     assert run(client, setup(ray_cluster))["reply"]["status"] == "ok"
 
@@ -104,10 +105,7 @@ def test_output_stop_and_cells_run_again_in_a_real_kernel(ray_cluster, kernel):
     after = run(client, "print(notebook_launcher(hello, ('after',), **ON_CLUSTER))")
     assert "[rank 1] after from rank 1: 2 workers\n" in after["text"]
 
-
-def test_a_kernel_restart_leaves_no_agent_and_the_new_kernel_launches(ray_cluster, kernel):
-    manager, client = kernel
-    assert run(client, setup(ray_cluster))["reply"]["status"] == "ok"
+    # A kernel restart leaves no agent, warm ones included, and the new kernel launches.
     warm = run(client, "notebook_launcher(hello, ('warm',), keep_warm=600, **ON_CLUSTER)")
     assert warm["reply"]["status"] == "ok"
     assert ours_still_running(ray_cluster) != []  # the agents wait, warm, for the next launch
