@@ -70,7 +70,7 @@ def notebook_launcher(
     if config is not None:  # given means passed, whatever the value: it beats the file's
         config = config if isinstance(config, LaunchConfig) else LaunchConfig.load(config)
         given = {**config.launch_options(), **given}
-    # Detached, one worker too runs in a process of its own, with its options (timeout=...).
+    # Detached, one worker too gets a process (the kernel may go away), and its options.
     plan = plan_launch(
         function=function, args=args, kwargs=kwargs, single_in_process=not detach, **given
     )
