@@ -138,12 +138,7 @@ def debug_launcher(
                 f"{fixed}=. Use notebook_launcher(..., {fixed}=...) for that."
             )
     return notebook_launcher(
-        function,
-        args,
-        num_processes=num_processes,
-        backend="cpu",
-        mixed_precision="no",
-        **options,
+        function, args, num_processes=num_processes, backend="cpu", mixed_precision="no", **options
     )
 
 

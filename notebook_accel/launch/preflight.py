@@ -24,6 +24,7 @@ from notebook_accel.launch.options import (
     check_options_fit_place,
 )
 from notebook_accel.launch.plan import LaunchPlan
+from notebook_accel.launch.supervisor import interrupts_stop
 from notebook_accel.platforms.base import LaunchRefused, Platform
 from notebook_accel.platforms.hardware import Hardware
 from notebook_accel.platforms.registry import default_platform, platform_named
@@ -64,7 +65,10 @@ def plan_launch(
         local_world_size, single_in_process = cluster.workers, False
     else:
         _check_nodes(values)
-        hardware = hardware or detect()
+        # Raised in the search for device packages, a press can leave the import lock taken
+        # for good (python/cpython#74174): it is answered once the search is done.
+        with interrupts_stop(None):
+            hardware = hardware or detect()
         platform, local_world_size = choose_workers(values, hardware)
         platform.check_precision(values["mixed_precision"], hardware)
         single_in_process = single_in_process and platform.single_worker_in_process

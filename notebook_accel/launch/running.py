@@ -76,8 +76,6 @@ def run_plan(
         if plan.in_process:
             _run_in_process(plan, emit)
         else:
-            # A stop press anywhere in the launch becomes a request the launch
-            # answers with KeyboardInterrupt, after stopping every worker.
             with interrupts_stop(stop) as stop_or_interrupt:
                 if plan.start_method == "fork":
                     # What earlier launches left queued is imported before the workers

@@ -10,6 +10,7 @@ import pytest
 
 from notebook_accel import last_run, notebook_launcher
 from notebook_accel.launch import processes, supervisor
+from notebook_accel.platforms import accelerator
 from tests_support import PROMPTLY, WhenPrinted, live_children, press_stop
 
 # Every test here runs with forked workers and with workers in fresh interpreters.
@@ -90,3 +91,25 @@ def test_a_second_stop_press_during_teardown_still_leaves_no_worker(monkeypatch)
     assert presses == ["first", "second"]
     assert live_children() == []
     assert signal.getsignal(signal.SIGINT) is handler
+
+
+def test_a_press_while_the_hardware_is_looked_at_stops_the_launch_before_it_starts(monkeypatch):
+    # The search for device packages takes the import system's global lock; a
+    # KeyboardInterrupt raised there can leave that lock taken for good (every other
+    # thread that imports would then wait for ever), so the press is answered after.
+    looked_for: list[str] = []
+    real_installed = accelerator._installed
+
+    def pressed_while_looking(package: str) -> bool:
+        press_stop()
+        found = real_installed(package)
+        looked_for.append(package)
+        return found
+
+    monkeypatch.setattr(accelerator, "_installed", pressed_while_looking)
+    report = last_run()
+    with pytest.raises(KeyboardInterrupt):
+        notebook_launcher(sleeps, args=(600,), num_processes=2, backend="cpu")
+    assert looked_for, "the search was cut short by the press"
+    assert last_run() is report  # no launch started
+    assert live_children() == []
