@@ -13,11 +13,14 @@ from notebook_accel import WorkerError
 from notebook_accel.live import GroupEnded, start_workers
 from tests_support import PROMPTLY, WhenPrinted, press_stop
 
-# Calls, state and results run twice (tests/conftest.py, each_way_to_ship); stops,
-# timeouts, deaths and ends, which depend on how each worker's process is watched and
-# signalled, run under every start method.
+# Every test runs twice (tests/conftest.py, each_way_to_ship): with forked workers and with
+# workers forked from the template. Stops, timeouts, deaths and ends depend on how a
+# worker's process is watched and signalled: by a sentinel pipe and its pid (fork), or by a
+# pidfd (launch/processes.py), and the two runs hold both. A "spawn" worker has the
+# template's process handle (TemplateProcess is a FreshProcess) and runs its code; what is
+# its own (a fresh interpreter's start, its parent-death signal) the launch tests check
+# under every start method.
 SHIPPED = pytest.mark.usefixtures("each_way_to_ship")
-EACH_START = pytest.mark.usefixtures("each_start_method")
 
 
 @pytest.fixture
@@ -135,7 +138,7 @@ def sleep_then_answer(seconds):
     return "woke"
 
 
-@EACH_START
+@SHIPPED
 def test_stop_interrupts_the_call_and_keeps_the_workers(workers):
     workers.run_cell("kept = 42")
     pressed_at = []
@@ -168,7 +171,7 @@ def train_until_stopped():
 )
 
 
-@EACH_START
+@SHIPPED
 def test_a_training_loop_that_checks_stops_at_one_step_on_every_worker(workers):
     workers.run_cell(TRAIN_CELL)
     # Each time pressed mid-training (both ranks past a step), in the middle of DDP's
@@ -203,7 +206,7 @@ def ignore_stops():
     return "unreachable"
 
 
-@EACH_START
+@SHIPPED
 def test_a_second_stop_ends_a_group_that_does_not_stop(workers):
     # The first press once both workers sleep; the second once a worker shows that the
     # first reached it, while the kernel waits for the call to end.
@@ -232,7 +235,7 @@ def test_the_launch_precision_reaches_the_workers():
         group.close()
 
 
-@EACH_START
+@SHIPPED
 def test_a_timeout_interrupts_the_call_and_keeps_the_workers(workers):
     with pytest.raises(TimeoutError, match="still running with their state"):
         workers.run(sleep_then_answer, 600, timeout=0.5)
@@ -249,7 +252,7 @@ def never_stop():
     return "unreachable"
 
 
-@EACH_START
+@SHIPPED
 def test_a_worker_that_will_not_stop_ends_the_group_which_restarts(workers):
     started = time.monotonic()
     with pytest.raises(TimeoutError, match="the group was ended") as stopped:
@@ -263,7 +266,7 @@ def test_a_worker_that_will_not_stop_ends_the_group_which_restarts(workers):
     assert workers.run(rank_and_pid)[:2] == (0, 2)
 
 
-@EACH_START
+@SHIPPED
 def test_a_worker_that_dies_ends_the_group(workers):
     with pytest.raises(WorkerError) as failure:
         workers.run(os._exit, 3, ranks=[1])
@@ -275,7 +278,7 @@ def test_a_worker_that_dies_ends_the_group(workers):
     assert workers.run_cell("1 + 1") == 2
 
 
-@EACH_START
+@SHIPPED
 def test_closing_ends_every_worker_and_later_calls_say_so(workers):
     pids = [pid for _, _, pid in workers.run(rank_and_pid, return_all=True)]
     workers.close()
@@ -308,7 +311,7 @@ time.sleep(60)
 """
 
 
-@EACH_START
+@SHIPPED
 def test_live_workers_end_with_a_kernel_that_is_killed(tmp_path):
     import subprocess
     import sys
