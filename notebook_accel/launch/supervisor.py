@@ -166,9 +166,9 @@ def interrupts_stop(stop: StopSignal | None) -> Iterator[StopSignal | None]:
             raise KeyboardInterrupt("the run was stopped") from error
         raise
     finally:
+        if own and stop is not None:  # while a press is still caught: raised, it could cut
+            stop.close()  # the close between its two descriptors and leave one open
         signal.signal(signal.SIGINT, previous)
-        if own and stop is not None:
-            stop.close()
     if catcher.pressed or early:
         raise KeyboardInterrupt("the run was stopped")
 

@@ -80,6 +80,7 @@ STEPS = [
     (supervisor, "end_processes"),
     (forking.Janitor, "close"),
     (rendezvous.Rendezvous, "__exit__"),
+    (supervisor.StopSignal, "close"),
 ]
 
 
