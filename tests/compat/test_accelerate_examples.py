@@ -17,7 +17,6 @@ program.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -28,10 +27,12 @@ import sys
 import warnings
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from tests_support import dev_dependency, suite_port  # noqa: E402
+from notebook_accel.launch.processes import OtherProcess, end_processes  # noqa: E402
+from tests_support import PROMPTLY, dev_dependency, suite_port  # noqa: E402
 
 dev_dependency("accelerate")
 for _package in ("datasets", "evaluate", "sklearn", "tensorboard", "schedulefree"):
@@ -214,8 +215,6 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
     command += [str(runner), "--target", "notebook_accel", "--out", str(work / "out")]
     command += [f"--env={k}={v}" for k, v in env.items()]
     command += [str(script), "--", *argv]
-    # A session of its own: past the timeout the whole tree goes (torchrun and its
-    # workers), not only the command, which would leave them running.
     process = subprocess.Popen(
         command,
         cwd=work,
@@ -223,15 +222,28 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
         stderr=subprocess.PIPE,
         text=True,
         env={**os.environ, "NOTEBOOK_ACCEL_BACKEND": "cpu"},
-        start_new_session=True,
     )
     try:
         _, stderr = process.communicate(timeout=TIMEOUT)
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)
-        process.communicate()
+    except BaseException as error:
+        _end_tree(process)
+        _, stderr = process.communicate(timeout=PROMPTLY)
+        if isinstance(error, subprocess.TimeoutExpired):
+            pytest.fail(
+                f"`notebook-accel launch` did not end within {TIMEOUT} s; the end of its "
+                f"output, with the stacks a hung rank's faulthandler wrote:\n{stderr[-8000:]}"
+            )
+        raise
     assert process.returncode == 0, stderr[-4000:]
+
+
+def _end_tree(process: subprocess.Popen) -> None:
+    """End a command that still runs and every process under it, found before any ends.
+    torchrun starts each worker in a session of its own (torch's subprocess_handler), out
+    of reach of a signal to the command's process group: they go by PID."""
+    under = psutil.Process(process.pid).children(recursive=True)  # not reaped: still ours
+    process.kill()
+    end_processes([OtherProcess(each) for each in under], grace=0)
 
 
 class _Runs:
