@@ -27,11 +27,13 @@ import sys
 import warnings
 from pathlib import Path
 
-import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from notebook_accel.launch.processes import OtherProcess, end_processes  # noqa: E402
+from notebook_accel.launch.cluster.connect import (  # noqa: E402
+    descendant_pids,
+    end_new_descendants,
+)
 from tests_support import PROMPTLY, dev_dependency, suite_port  # noqa: E402
 
 dev_dependency("accelerate")
@@ -215,6 +217,10 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
     command += [str(runner), "--target", "notebook_accel", "--out", str(work / "out")]
     command += [f"--env={k}={v}" for k, v in env.items()]
     command += [str(script), "--", *argv]
+    # torchrun starts each worker in a session of its own (torch's subprocess_handler), out
+    # of reach of a signal to the command's process group: past the timeout, every process
+    # started since this point goes, by PID.
+    running_before = descendant_pids()
     process = subprocess.Popen(
         command,
         cwd=work,
@@ -226,7 +232,7 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
     try:
         _, stderr = process.communicate(timeout=TIMEOUT)
     except BaseException as error:
-        _end_tree(process)
+        end_new_descendants(running_before)
         _, stderr = process.communicate(timeout=PROMPTLY)
         if isinstance(error, subprocess.TimeoutExpired):
             pytest.fail(
@@ -235,15 +241,6 @@ def _run_through_cli(script: Path, argv: list[str], env: dict, work: Path) -> No
             )
         raise
     assert process.returncode == 0, stderr[-4000:]
-
-
-def _end_tree(process: subprocess.Popen) -> None:
-    """End a command that still runs and every process under it, found before any ends.
-    torchrun starts each worker in a session of its own (torch's subprocess_handler), out
-    of reach of a signal to the command's process group: they go by PID."""
-    under = psutil.Process(process.pid).children(recursive=True)  # not reaped: still ours
-    process.kill()
-    end_processes([OtherProcess(each) for each in under], grace=0)
 
 
 class _Runs:
