@@ -11,16 +11,15 @@ import torch
 
 from notebook_accel import WorkerError
 from notebook_accel.live import GroupEnded, start_workers
-from tests_support import PROMPTLY, WhenPrinted, press_stop
+from tests_support import PROMPTLY, SHIPPED, WhenPrinted, press_stop
 
-# Every test runs twice (tests/conftest.py, each_way_to_ship): with forked workers and with
-# workers forked from the template. Stops, timeouts, deaths and ends depend on how a
-# worker's process is watched and signalled: by a sentinel pipe and its pid (fork), or by a
-# pidfd (launch/processes.py), and the two runs hold both. A "spawn" worker has the
+# Every test runs twice (SHIPPED, tests/conftest.py's each_way_to_ship): with forked
+# workers and with workers forked from the template. Stops, timeouts, deaths and ends depend
+# on how a worker's process is watched and signalled: by a sentinel pipe and its pid (fork),
+# or by a pidfd (launch/processes.py), and the two runs hold both. A "spawn" worker has the
 # template's process handle (TemplateProcess is a FreshProcess) and runs its code; what is
 # its own (a fresh interpreter's start, its parent-death signal) the launch tests check
 # under every start method.
-SHIPPED = pytest.mark.usefixtures("each_way_to_ship")
 
 
 @pytest.fixture
