@@ -124,22 +124,24 @@ def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_work
 
 
 def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, tmp_path):
-    # Each round a fresh interpreter: nothing heavy imported yet, as in a new kernel.
-    for round_ in range(3):
-        done = subprocess.run(
-            [str(xla_python), str(HERE / "scenario_run_all.py")],
-            cwd=tmp_path,
-            env=xla_environment(),
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        assert done.returncode == 0, f"round {round_}: {done.stdout[-2000:]}{done.stderr[-3000:]}"
-        seen = json.loads(done.stdout.strip().splitlines()[-1])
-        # The first launch's imports wait for the second, which does them before it forks.
-        expected = {"first": "xla:0", "second": "xla:0", "warming": ["next launch", "done"]}
-        assert seen == expected, seen
-        assert "Traceback" not in done.stderr, done.stderr
+    """In a fresh interpreter (nothing heavy imported yet, as in a new kernel). One round:
+    the race this scenario once lost (imports on two threads, 7 rounds in 8) is in the
+    launcher's warming, not in the device's code, and test_warm_never_races.py runs the
+    same Run All in fresh rounds on the CPU."""
+    done = subprocess.run(
+        [str(xla_python), str(HERE / "scenario_run_all.py")],
+        cwd=tmp_path,
+        env=xla_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, f"{done.stdout[-2000:]}{done.stderr[-3000:]}"
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    # The first launch's imports wait for the second, which does them before it forks.
+    expected = {"first": "xla:0", "second": "xla:0", "warming": ["next launch", "done"]}
+    assert seen == expected, seen
+    assert "Traceback" not in done.stderr, done.stderr
 
 
 def test_an_accelerator_made_outside_a_launch_trains_on_the_tpu(xla_python, tmp_path):

@@ -272,11 +272,6 @@ def test_another_address_than_the_connected_cluster_s_is_refused(ray_cluster):
         notebook_launcher(chatty, (1,), cluster="ray", ray_address=elsewhere, live=False)
 
 
-def test_the_kernel_s_connection_is_used_as_it_is(ray_cluster):
-    assert ray.is_initialized()
-    assert notebook_launcher(chatty, (1,), cluster="ray", ray_address="auto", live=False) == 0
-
-
 # -- checkpoints on each node's own disk ----------------------------------------------------
 
 
@@ -336,6 +331,46 @@ def test_checkpoints_on_each_node_s_own_disk_resume_bit_for_bit(ray_cluster):
         assert torch.equal(mine, theirs), (mine - theirs).abs().max().item()
 
 
+# -- a breakpoint on another node ---------------------------------------------------------
+
+
+def stops_then_fails(fail: bool):
+    from notebook_accel import Accelerator
+
+    accelerator = Accelerator()
+    value = torch.tensor([float(accelerator.process_index + 1)])
+    if accelerator.process_index == 1:
+        if fail:
+            window = [1, 2][:1]
+            return window[3]
+        breakpoint()
+    return accelerator.reduce(value).item()
+
+
+def test_a_breakpoint_and_a_post_mortem_on_another_node_prompt_in_the_cell(
+    ray_cluster, monkeypatch, capfd
+):
+    from notebook_accel.launch import debugging
+
+    answers, prompts = ["p value", "value += 10", "c", "p window", "c"], []
+
+    def user(prompt: str = "") -> str:
+        prompts.append(prompt)
+        return answers.pop(0)
+
+    monkeypatch.setattr(debugging, "input", user, raising=False)
+    total = notebook_launcher(stops_then_fails, args=(False,), timeout=120, **ON_TWO_NODES)
+    assert total == 13.0  # rank 1's value changed at its prompt, on its own node
+    with pytest.raises(WorkerError) as raised:
+        notebook_launcher(
+            stops_then_fails, args=(True,), timeout=120, post_mortem=True, **ON_TWO_NODES
+        )
+    assert raised.value.rank == 1 and "IndexError" in str(raised.value).splitlines()[0]
+    assert prompts == ["[rank 1] (Pdb) "] * 5
+    out = capfd.readouterr().out
+    assert "[rank 1] tensor([2.])" in out and "[rank 1] [1]" in out
+
+
 # -- the panel ---------------------------------------------------------------------------
 
 
@@ -364,6 +399,12 @@ def test_the_panel_launches_on_the_cluster_and_its_stop_frees_everything(ray_clu
 
 
 # -- other ways to reach the cluster ---------------------------------------------------------
+
+
+def test_the_kernel_s_connection_is_used_as_it_is(ray_cluster):
+    assert ray.is_initialized()
+    assert notebook_launcher(chatty, (1,), cluster="ray", ray_address="auto", live=False) == 0
+
 
 ANOTHER_DRIVER = """
 from notebook_accel import notebook_launcher
@@ -403,40 +444,3 @@ def test_a_kernel_reaches_a_running_cluster_by_its_address(ray_cluster, through)
         "2.0",
         "2.0",
     ]
-
-
-def stops_then_fails(fail: bool):
-    from notebook_accel import Accelerator
-
-    accelerator = Accelerator()
-    value = torch.tensor([float(accelerator.process_index + 1)])
-    if accelerator.process_index == 1:
-        if fail:
-            window = [1, 2][:1]
-            return window[3]
-        breakpoint()
-    return accelerator.reduce(value).item()
-
-
-def test_a_breakpoint_and_a_post_mortem_on_another_node_prompt_in_the_cell(
-    ray_cluster, monkeypatch, capfd
-):
-    from notebook_accel.launch import debugging
-
-    answers, prompts = ["p value", "value += 10", "c", "p window", "c"], []
-
-    def user(prompt: str = "") -> str:
-        prompts.append(prompt)
-        return answers.pop(0)
-
-    monkeypatch.setattr(debugging, "input", user, raising=False)
-    total = notebook_launcher(stops_then_fails, args=(False,), timeout=120, **ON_TWO_NODES)
-    assert total == 13.0  # rank 1's value changed at its prompt, on its own node
-    with pytest.raises(WorkerError) as raised:
-        notebook_launcher(
-            stops_then_fails, args=(True,), timeout=120, post_mortem=True, **ON_TWO_NODES
-        )
-    assert raised.value.rank == 1 and "IndexError" in str(raised.value).splitlines()[0]
-    assert prompts == ["[rank 1] (Pdb) "] * 5
-    out = capfd.readouterr().out
-    assert "[rank 1] tensor([2.])" in out and "[rank 1] [1]" in out
