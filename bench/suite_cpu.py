@@ -46,7 +46,9 @@ KINDS = [
     (r"launch\.fresh import run_shipped", "workers in fresh interpreters"),
     (r"template_server import template_main", "templates (start method forkserver)"),
     (r"processes import _detach", "keepers of detached runs"),
-    (r"xdist|-m pytest|/pytest\b", "pytest"),
+    # pytest-xdist's test processes start through execnet's bootstrap.
+    (r"-u -c import sys;exec\(eval\(sys\.stdin", "pytest's test processes"),
+    (r"-m pytest\b|bin/pytest\b", "pytest"),
     (r"jupyter-lab|jupyter_server", "JupyterLab servers"),
     (r"chrom|playwright", "browser"),
     (r"mkdocs", "mkdocs"),
