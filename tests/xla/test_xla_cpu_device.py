@@ -75,6 +75,23 @@ def scenario(xla_python: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 pytestmark = pytest.mark.timeout(2400)  # the first run builds the environment
 
 
+def run_scenario(
+    xla_python: Path, script: str, cwd: Path
+) -> tuple[dict, subprocess.CompletedProcess]:
+    """Run `script` in a fresh interpreter of the torch_xla environment (nothing heavy
+    imported yet, as in a new kernel); what its last line of output says (JSON)."""
+    done = subprocess.run(
+        [str(xla_python), str(HERE / script)],
+        cwd=cwd,
+        env=xla_environment(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1]), done
+
+
 def test_training_matches_the_cpu_and_comes_back(scenario):
     train = scenario["checks"]["train"]
     assert train["status"] == "finished" and train["backend"] == "xla"
@@ -124,20 +141,10 @@ def test_once_the_runtime_started_here_forking_is_refused_and_a_fresh_start_work
 
 
 def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, tmp_path):
-    """In a fresh interpreter (nothing heavy imported yet, as in a new kernel). One round:
-    the race this scenario once lost (imports on two threads, 7 rounds in 8) is in the
-    launcher's warming, not in the device's code, and test_warm_never_races.py runs the
-    same Run All in fresh rounds on the CPU."""
-    done = subprocess.run(
-        [str(xla_python), str(HERE / "scenario_run_all.py")],
-        cwd=tmp_path,
-        env=xla_environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, f"{done.stdout[-2000:]}{done.stderr[-3000:]}"
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    """One round: the race this scenario once lost (imports on two threads, 7 rounds in
+    8) is in the launcher's warming, not in the device's code, and
+    test_warm_never_races.py runs the same Run All in fresh rounds on the CPU."""
+    seen, done = run_scenario(xla_python, "scenario_run_all.py", tmp_path)
     # The first launch's imports wait for the second, which does them before it forks.
     expected = {"first": "xla:0", "second": "xla:0", "warming": ["next launch", "done"]}
     assert seen == expected, seen
@@ -146,16 +153,7 @@ def test_run_all_a_launch_then_training_in_the_kernel_then_a_launch(xla_python, 
 
 def test_an_accelerator_made_outside_a_launch_trains_on_the_tpu(xla_python, tmp_path):
     """As Accelerate's Accelerator() in a Colab TPU kernel: one process on xla:0."""
-    done = subprocess.run(
-        [str(xla_python), str(HERE / "scenario_kernel_accelerator.py")],
-        cwd=tmp_path,
-        env=xla_environment(),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    seen, _ = run_scenario(xla_python, "scenario_kernel_accelerator.py", tmp_path)
     assert seen["state"] == ["xla", "xla:0", 1]
     assert not seen["started_by_the_state"]  # PartialState() alone does not claim the TPU
     assert seen["accelerator"] == ["xla:0", 1]
